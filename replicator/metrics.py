@@ -1,0 +1,106 @@
+"""Prometheus metrics with the legacy tool's names (prefix `stream_replicator_`, labels `name`, `worker`).
+
+Counters are Prometheus counters, so the exposition adds the conventional `_total` suffix to each
+sample while the metric family keeps the legacy name. Each replicator owns a registry, so several
+can run in one process (tests, the demo) without clashing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "stream_replicator_"
+LABELS = ("name", "worker")
+
+COUNTERS = {
+    "received_msgs": "Messages received from the source",
+    "received_bytes": "Payload bytes received from the source",
+    "copied_msgs": "Messages copied to the target (acknowledged by it)",
+    "copied_bytes": "Payload bytes copied to the target",
+    "failed_msgs": "Publish attempts to the target that failed (retried; poison messages are skipped)",
+    "acks_failed": "Acknowledgements to the source that could not be sent",
+    "too_old_msgs": "Source messages older than max_age, acknowledged without copying",
+    "connection_reconnections": "Reconnections of a NATS connection",
+    "connection_closed": "NATS connections closed",
+    "connection_errors": "NATS connection errors",
+    "limiter_memory_skipped": "Messages the limiter skipped (sender copied within age)",
+    "limiter_memory_passed": "Messages the limiter let through",
+    "limiter_memory_errors": "Messages without a usable sampling key (copied anyway)",
+    "limiter_state_errors": "Limiter state store operations that failed (copying continued, fail open)",
+    "advisories_new": "Advisories sent: sender seen for the first time",
+    "advisories_timeout": "Advisories sent: sender not seen for the advisory age",
+    "advisories_recover": "Advisories sent: sender seen again after a timeout",
+    "advisories_expire": "Advisories sent: sender not seen for the topic's age, forgotten",
+    "advisories_errors": "Advisories that could not be published after all retries",
+}
+
+GAUGES = {
+    "current_sequence": "Last source stream sequence copied or skipped by this worker",
+    "lag_msgs": "Messages pending on the source consumer (not yet delivered or acknowledged)",
+    "limiter_memory_seen": "Senders the limiter currently tracks",
+    "leader": "1 while this worker is the elected leader of its topic (or election is off), else 0",
+    "target_blocked": "1 while the target refuses messages (e.g. stream full), else 0",
+}
+
+HISTOGRAMS = {
+    "processing_time": "Seconds from receiving a message to acknowledging it on the source",
+}
+
+METRIC_NAMES = sorted(PREFIX + n for n in (*COUNTERS, *GAUGES, *HISTOGRAMS))
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """The metric families of one replicator process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.counters = {n: Counter(PREFIX + n, h, LABELS, registry=self.registry) for n, h in COUNTERS.items()}
+        self.gauges = {n: Gauge(PREFIX + n, h, LABELS, registry=self.registry) for n, h in GAUGES.items()}
+        self.histograms = {
+            n: Histogram(PREFIX + n, h, LABELS, registry=self.registry, buckets=_BUCKETS)
+            for n, h in HISTOGRAMS.items()
+        }
+
+    def worker(self, name: str, worker: str) -> WorkerMetrics:
+        return WorkerMetrics(self, name, worker)
+
+
+@dataclass
+class WorkerMetrics:
+    """Metrics bound to one worker's labels, so hot paths skip the label lookup."""
+
+    metrics: Metrics
+    name: str
+    worker: str
+
+    def __post_init__(self) -> None:
+        labels = {"name": self.name, "worker": self.worker}
+        m = self.metrics
+        c = {n: f.labels(**labels) for n, f in m.counters.items()}
+        g = {n: f.labels(**labels) for n, f in m.gauges.items()}
+        self.received_msgs = c["received_msgs"]
+        self.received_bytes = c["received_bytes"]
+        self.copied_msgs = c["copied_msgs"]
+        self.copied_bytes = c["copied_bytes"]
+        self.failed_msgs = c["failed_msgs"]
+        self.acks_failed = c["acks_failed"]
+        self.too_old_msgs = c["too_old_msgs"]
+        self.reconnections = c["connection_reconnections"]
+        self.closed = c["connection_closed"]
+        self.errors = c["connection_errors"]
+        self.limiter_skipped = c["limiter_memory_skipped"]
+        self.limiter_passed = c["limiter_memory_passed"]
+        self.limiter_errors = c["limiter_memory_errors"]
+        self.limiter_state_errors = c["limiter_state_errors"]
+        self.advisories = {e: c[f"advisories_{e}"] for e in ("new", "timeout", "recover", "expire")}
+        self.advisories_errors = c["advisories_errors"]
+        self.current_sequence = g["current_sequence"]
+        self.lag_msgs = g["lag_msgs"]
+        self.limiter_seen = g["limiter_memory_seen"]
+        self.leader = g["leader"]
+        self.target_blocked = g["target_blocked"]
+        self.processing_time = m.histograms["processing_time"].labels(**labels)

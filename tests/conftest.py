@@ -1,0 +1,41 @@
+"""Shared fixtures: real nats-server processes on free loopback ports, stopped after each test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from replicator.local_nats import LocalNatsServer
+
+
+@pytest.fixture
+def source_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
+    server = LocalNatsServer(name="source", store_dir=tmp_path_factory.mktemp("source-js"))
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def target_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
+    server = LocalNatsServer(name="target", store_dir=tmp_path_factory.mktemp("target-js"))
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+async def source_nc(source_server: LocalNatsServer) -> AsyncIterator[Client]:
+    nc = await nats.connect(source_server.url, max_reconnect_attempts=-1)
+    yield nc
+    await nc.close()
+
+
+@pytest.fixture
+async def target_nc(target_server: LocalNatsServer) -> AsyncIterator[Client]:
+    nc = await nats.connect(target_server.url, max_reconnect_attempts=-1)
+    yield nc
+    await nc.close()
