@@ -1,0 +1,72 @@
+{{/*
+THE ONE PLACE for the operator's RBAC rules. Every verb here matches a call the operator (or kopf on
+its behalf) makes; tests/helm compares the rendered rules with this list.
+
+The result is a YAML map with two lists of PolicyRules:
+  cluster:    rules on cluster-scoped resources (always granted by a ClusterRole)
+  namespaced: rules on namespaced resources (a ClusterRole, or one Role per served namespace when
+              rbac.namespaced is true)
+
+Peering rules depend on the mode: cluster-wide operators (`--all-namespaces`) use ClusterKopfPeering,
+namespace-restricted ones use a KopfPeering in each served namespace; standalone operators use none.
+*/}}
+{{- define "stream-replicator.rbacRules" -}}
+{{- $clusterwide := eq (include "stream-replicator.clusterwide" .) "true" -}}
+{{- $children := list "get" "list" "watch" "create" "patch" "delete" -}}
+cluster:
+  # kopf: resource discovery follows CRD changes.
+  - apiGroups: ["apiextensions.k8s.io"]
+    resources: ["customresourcedefinitions"]
+    verbs: ["list", "watch"]
+  # kopf: namespace tracking.
+  - apiGroups: [""]
+    resources: ["namespaces"]
+    verbs: ["list", "watch"]
+{{- if and .Values.peering.enabled $clusterwide }}
+  # kopf peering, cluster-wide operators.
+  - apiGroups: ["kopf.dev"]
+    resources: ["clusterkopfpeerings"]
+    verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+namespaced:
+  # The custom resource: watched, annotated/finalized by kopf, and its status reported.
+  - apiGroups: ["streamreplicator.io"]
+    resources: ["streamreplications"]
+    verbs: ["get", "list", "watch", "patch"]
+  - apiGroups: ["streamreplicator.io"]
+    resources: ["streamreplications/status"]
+    verbs: ["get", "patch"]
+  # Children the operator builds for each StreamReplication.
+  - apiGroups: [""]
+    resources: ["configmaps", "services"]
+    verbs: {{ $children | toJson }}
+  - apiGroups: ["apps"]
+    resources: ["deployments"]
+    verbs: {{ $children | toJson }}
+  - apiGroups: ["policy"]
+    resources: ["poddisruptionbudgets"]
+    verbs: {{ $children | toJson }}
+  - apiGroups: ["monitoring.coreos.com"]
+    resources: ["servicemonitors"]
+    verbs: {{ $children | toJson }}
+  - apiGroups: ["sparkoperator.k8s.io"]
+    resources: ["scheduledsparkapplications"]
+    verbs: {{ $children | toJson }}
+  # NATS credentials and TLS material referenced by the spec (read only).
+  - apiGroups: [""]
+    resources: ["secrets"]
+    verbs: ["get", "list", "watch"]
+  # kopf posts Kubernetes events about the resources it handles.
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create"]
+  - apiGroups: ["events.k8s.io"]
+    resources: ["events"]
+    verbs: ["create"]
+{{- if and .Values.peering.enabled (not $clusterwide) }}
+  # kopf peering, namespace-restricted operators.
+  - apiGroups: ["kopf.dev"]
+    resources: ["kopfpeerings"]
+    verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,5 @@
+import sys
+
+from replicator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,657 @@
+"""Copy loops: consume -> (max_age, limiter) -> publish -> ack.
+
+Ordered mode keeps up to `max_in_flight` publishes in flight yet never lets a later message land
+before an earlier one: every publish carries `Nats-Expected-Last-Msg-Id` naming its predecessor, so
+if any message fails, every later one in the window fails too. Recovery then reads the target's
+last provenance header, drops what landed, and republishes the rest, the first one synchronously
+(no predecessor check, so a server that lost its last-id after a restart cannot wedge the chain).
+The source is acked cumulatively (AckAll) only after the target acknowledged.
+
+Scaled mode is many independent workers on one shared durable: each message is acked on its own
+once the target acknowledged it, nak'ed with a delay on failure, and deduplicated on the target by
+`Nats-Msg-Id`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from replicator.config import Profile
+from replicator.jetstream_raw import (
+    PERMANENT_CODES,
+    STREAM_FULL_HINTS,
+    Publisher,
+    PublishError,
+    Puller,
+    ack,
+    nak,
+    parse_ack_subject,
+    term,
+)
+from replicator.metrics import WorkerMetrics
+from replicator.streams import (
+    EXPECTED_LAST_MSG_ID,
+    MSG_ID,
+    PROVENANCE,
+    SubjectRewriter,
+    last_copied,
+    provenance,
+)
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT = 5.0
+ACK_WAIT = 30.0
+POISON_ATTEMPTS = 5
+
+
+class Decider(Protocol):
+    async def should_copy(self, subject: str, headers: dict[str, str] | None, payload: bytes) -> bool: ...
+
+
+@dataclass
+class Endpoints:
+    """What a copy loop needs, prepared by the runner: connections, streams, names."""
+
+    profile: Profile
+    source_nc: Client
+    target_nc: Client
+    source_stream: str
+    target_stream: str
+    worker: str
+    metrics: WorkerMetrics
+    limiter: Decider | None = None
+    api_prefix: str = "$JS.API"
+    ready: Callable[[bool], None] = lambda _ready: None
+
+    @property
+    def source_js(self) -> JetStreamContext:
+        return self.source_nc.jetstream()
+
+    @property
+    def target_js(self) -> JetStreamContext:
+        return self.target_nc.jetstream()
+
+
+def start_position(profile: Profile) -> dict[str, object]:
+    """Consumer settings for the very first start (never applied when resuming)."""
+    s = profile.settings
+    if s.start_sequence:
+        return {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": s.start_sequence}
+    if s.start_time:
+        return {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": s.start_time.isoformat()}
+    if s.start_delta:
+        start = time.time() - s.start_delta
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+        return {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": stamp}
+    if s.start_at_end:
+        return {"deliver_policy": DeliverPolicy.NEW}
+    return {"deliver_policy": DeliverPolicy.ALL}
+
+
+class Stopper:
+    """A stop request that loops can both poll and await."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    @property
+    def stopping(self) -> bool:
+        return self.event.is_set()
+
+    def stop(self) -> None:
+        self.event.set()
+
+    async def sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.event.wait(), seconds)
+
+
+class Backoff:
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first, self.cap, self.delay = first, cap, first
+
+    def next(self) -> float:
+        delay = self.delay
+        self.delay = min(self.delay * 2, self.cap)
+        return delay * (0.8 + random.random() * 0.4)
+
+    def reset(self) -> None:
+        self.delay = self.first
+
+
+class MessageTransform:
+    """Source message -> target subject and headers: original headers kept, provenance and msg id added."""
+
+    def __init__(self, ep: Endpoints) -> None:
+        self.rewrite = SubjectRewriter(ep.profile.settings)
+        self.source_stream = ep.source_stream
+        self.name = ep.profile.base_name
+        self.id_prefix = f"{ep.source_stream}:"
+
+    def headers(self, msg: Msg, seq: int, ts_ns: int) -> dict[str, str]:
+        headers = dict(msg.headers) if msg.headers else {}
+        headers[PROVENANCE] = provenance(self.source_stream, seq, self.name, ts_ns)
+        if MSG_ID not in headers:
+            headers[MSG_ID] = f"{self.id_prefix}{seq}"
+        return headers
+
+
+def too_old(ep: Endpoints, ts_ns: int, now: float) -> bool:
+    max_age = ep.profile.settings.max_age
+    return bool(max_age) and (now - ts_ns / 1e9) > max_age  # type: ignore[operator]
+
+
+def is_permanent(err: PublishError) -> bool:
+    return err.code in PERMANENT_CODES or "maximum payload" in err.description.lower()
+
+
+def is_target_full(err: PublishError) -> bool:
+    return any(hint in err.description.lower() for hint in STREAM_FULL_HINTS)
+
+
+@dataclass(slots=True)
+class Entry:
+    """One source message in the ordered window."""
+
+    msg: Msg
+    seq: int
+    received: float
+    subject: str = ""
+    headers: dict[str, str] | None = None
+    copy: bool = False
+    future: asyncio.Future[None] | None = None
+    sent_at: float = 0.0
+    attempts: int = 0
+
+
+@dataclass
+class OrderedCopier:
+    """The single active worker of a topic: pipelined, in order, exactly once on the target."""
+
+    ep: Endpoints
+    stopper: Stopper = field(default_factory=Stopper)
+
+    def __post_init__(self) -> None:
+        s = self.ep.profile.settings
+        self.window: deque[Entry] = deque()
+        self.max_in_flight = s.max_in_flight
+        self.wake = asyncio.Event()
+        self.transform = MessageTransform(self.ep)
+        self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
+        self.puller: Puller | None = None
+        self.committed = 0  # highest source sequence copied or skipped, in order
+        self.last_id: str | None = None  # Nats-Msg-Id of the last message published in the chain
+        self.chain_open = False  # False: the next publish goes alone, without predecessor check
+        self.backoff = Backoff()
+        self.blocked_since: float | None = None
+
+    # ---- setup ----
+    async def resume_point(self) -> tuple[int, bool]:
+        """(next source sequence, resuming?) from the target's provenance and the consumer's ack floor."""
+        ep = self.ep
+        landed = await last_copied(
+            ep.target_js, ep.target_stream, self.transform.rewrite(ep.profile.settings.topic),
+            ep.source_stream, ep.profile.base_name,
+        )
+        floor = 0
+        existed = False
+        try:
+            info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.durable_name)
+            existed = True
+            floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
+        except NotFoundError:
+            pass
+        resume = max(landed, floor)
+        return resume + 1, existed or landed > 0
+
+    async def bind(self) -> None:
+        """(Re)create the durable at the resume point: the server's redelivery order cannot be trusted
+        for messages that were in flight when the previous worker died."""
+        ep = self.ep
+        next_seq, resuming = await self.resume_point()
+        name = ep.profile.durable_name
+        with contextlib.suppress(NotFoundError):
+            await ep.source_js.delete_consumer(ep.source_stream, name)
+        position: dict[str, object]
+        if resuming:
+            position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": next_seq}
+        else:
+            position = start_position(ep.profile)
+        config = ConsumerConfig(
+            durable_name=name,
+            ack_policy=AckPolicy.ALL,
+            ack_wait=ACK_WAIT,
+            max_ack_pending=self.max_in_flight * 2,
+            filter_subject=ep.profile.settings.topic,
+            max_waiting=512,
+            **position,  # type: ignore[arg-type]
+        )
+        await ep.source_js.add_consumer(ep.source_stream, config)
+        self.committed = next_seq - 1 if resuming else 0
+        self.chain_open = False
+        log.info("%s bound to %s/%s at %s", ep.worker, ep.source_stream, name,
+                 f"sequence {next_seq}" if resuming else position["deliver_policy"])
+
+    # ---- main loop ----
+    async def run(self) -> None:
+        ep = self.ep
+        await self.publisher.start()
+        try:
+            while not self.stopper.stopping:
+                try:
+                    await self.bind()
+                    break
+                except Exception as err:  # noqa: BLE001 - setup retried until it works or we stop
+                    log.warning("%s cannot bind consumer: %s", ep.worker, err)
+                    await self.stopper.sleep(self.backoff.next())
+            self.backoff.reset()
+            self.puller = Puller(ep.source_nc, ep.source_stream, ep.profile.durable_name,
+                                 batch=ep.profile.settings.batch, wake=self.wake, api_prefix=ep.api_prefix)
+            await self.puller.start()
+            ep.ready(True)
+            await self._loop()
+            await self._finish()
+        finally:
+            ep.ready(False)
+            if self.puller:
+                await self.puller.stop()
+            await self.publisher.stop()
+
+    async def _loop(self) -> None:
+        assert self.puller is not None
+        puller = self.puller
+        idle_checks = 0.0
+        while not self.stopper.stopping:
+            room = self.max_in_flight - len(self.window)
+            if room > 0:
+                await puller.request(room)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), 1.0)
+            self.wake.clear()
+            if puller.last_status is not None:
+                status, text = puller.last_status
+                puller.last_status = None
+                await self._consumer_trouble(status, text)
+                continue
+            while puller.buffer and len(self.window) < self.max_in_flight:
+                await self._admit(puller.buffer.popleft())
+            await self._drain()
+            now = time.monotonic()
+            if now - idle_checks > 1.0:
+                idle_checks = now
+                await self._check_stalled(now)
+
+    async def _admit(self, msg: Msg) -> None:
+        ep = self.ep
+        meta = parse_ack_subject(msg.reply)
+        seq = meta.stream_seq
+        if seq <= self.committed or (self.window and seq <= self.window[-1].seq):
+            if meta.delivered > 1 and seq <= self.committed:
+                await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
+            return  # a redelivery of something done or already in the window
+        m = ep.metrics
+        m.received_msgs.inc()
+        m.received_bytes.inc(len(msg.data))
+        m.lag_msgs.set(meta.pending)
+        entry = Entry(msg=msg, seq=seq, received=time.monotonic())
+        if too_old(ep, meta.timestamp_ns, time.time()):
+            m.too_old_msgs.inc()
+        elif ep.limiter is None or await ep.limiter.should_copy(msg.subject, msg.headers, msg.data):
+            entry.copy = True
+            entry.subject = self.transform.rewrite(msg.subject)
+            entry.headers = self.transform.headers(msg, seq, meta.timestamp_ns)
+        self.window.append(entry)
+        if entry.copy:
+            if self.chain_open:
+                await self._send(entry)
+            elif self._first_copy() is entry:
+                await self._send_alone(entry)
+
+    def _first_copy(self) -> Entry | None:
+        return next((e for e in self.window if e.copy), None)
+
+    async def _send(self, entry: Entry) -> None:
+        assert entry.headers is not None
+        if self.last_id is not None:
+            entry.headers[EXPECTED_LAST_MSG_ID] = self.last_id
+        else:
+            entry.headers.pop(EXPECTED_LAST_MSG_ID, None)
+        entry.sent_at = time.monotonic()
+        entry.attempts += 1
+        entry.future = await self.publisher.publish(entry.subject, entry.msg.data, entry.headers)
+        self.last_id = entry.headers[MSG_ID]
+
+    async def _send_alone(self, entry: Entry) -> None:
+        """Publish without a predecessor check and wait: the safe way to (re)start the chain."""
+        assert entry.headers is not None
+        entry.headers.pop(EXPECTED_LAST_MSG_ID, None)
+        entry.sent_at = time.monotonic()
+        entry.attempts += 1
+        fut = await self.publisher.publish(entry.subject, entry.msg.data, entry.headers)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), PUBLISH_TIMEOUT)
+        except TimeoutError:
+            fut.cancel()
+            entry.future = fut
+            return
+        except PublishError:
+            entry.future = fut
+            return
+        entry.future = fut
+        self.last_id = entry.headers[MSG_ID]
+        self.chain_open = True
+        # Anything admitted behind it while we waited can now go, chained.
+        for later in self.window:
+            if later.copy and later.future is None and later is not entry:
+                await self._send(later)
+
+    async def _drain(self) -> None:
+        """Retire the completed prefix of the window in order, then ack the source once (AckAll)."""
+        ep = self.ep
+        m = ep.metrics
+        last_done: Entry | None = None
+        now = time.monotonic()
+        while self.window:
+            head = self.window[0]
+            if head.copy:
+                fut = head.future
+                if fut is None or not fut.done():
+                    break
+                err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
+                if err is not None:
+                    await self._recover(head, err if isinstance(err, PublishError) else PublishError(str(err)))
+                    return
+                m.copied_msgs.inc()
+                m.copied_bytes.inc(len(head.msg.data))
+                if self.blocked_since is not None:
+                    log.info("%s target accepts messages again", ep.worker)
+                    self.blocked_since = None
+                    m.target_blocked.set(0)
+            self.window.popleft()
+            m.processing_time.observe(now - head.received)
+            last_done = head
+        if last_done is not None:
+            self.committed = last_done.seq
+            m.current_sequence.set(last_done.seq)
+            self.backoff.reset()
+            await ack(ep.source_nc, last_done.msg.reply, m.acks_failed.inc)
+
+    async def _check_stalled(self, now: float) -> None:
+        """A publish whose ack never came (lost in a disconnect) counts as failed."""
+        if not self.window:
+            return
+        head = self.window[0]
+        if head.copy and head.future is not None and not head.future.done() and now - head.sent_at > PUBLISH_TIMEOUT:
+            await self._recover(head, PublishError("publish timed out"))
+        elif not self.chain_open:
+            first = self._first_copy()
+            if first is not None and first.future is None:
+                await self._send_alone(first)
+
+    async def _recover(self, head: Entry, err: PublishError) -> None:
+        """The head failed: settle the window, learn what landed, and republish the rest in order."""
+        ep = self.ep
+        m = ep.metrics
+        m.failed_msgs.inc()
+        full = is_target_full(err)
+        if full and self.blocked_since is None:
+            self.blocked_since = time.monotonic()
+            m.target_blocked.set(1)
+            log.warning("%s target stream %s refuses messages (%s): backing off until there is room",
+                        ep.worker, ep.target_stream, err.description)
+        elif not full:
+            log.warning("%s publish of source sequence %d failed: %s", ep.worker, head.seq, err.description)
+        # Let whatever is still in flight settle, so the target's state stops moving.
+        pending = [e.future for e in self.window if e.future is not None and not e.future.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=PUBLISH_TIMEOUT)
+        self.publisher.forget_all()
+        landed = await self._landed_up_to()
+        if landed is None:
+            await self.stopper.sleep(self.backoff.next())
+            for e in self.window:
+                e.future = None
+            self.chain_open = False
+            return
+        # Messages acknowledged before the failure stay done; the landed prefix is done too.
+        while self.window and (self.window[0].seq <= landed or self._acked_ok(self.window[0])):
+            done = self.window.popleft()
+            if done.copy:
+                m.copied_msgs.inc()
+                m.copied_bytes.inc(len(done.msg.data))
+            self.committed = done.seq
+        if self.window and self.window[0] is head and is_permanent(err) and head.attempts >= POISON_ATTEMPTS:
+            self.window.popleft()
+            self.committed = head.seq
+            log.error("%s gave up on source sequence %d after %d attempts: %s (skipped, counted in failed_msgs)",
+                      ep.worker, head.seq, head.attempts, err.description)
+        for e in self.window:
+            e.future = None
+        self.chain_open = False
+        if self.committed:
+            m.current_sequence.set(self.committed)
+        await self.stopper.sleep(self.backoff.next())
+        first = self._first_copy()
+        if first is not None and not self.stopper.stopping:
+            await self._send_alone(first)
+        await self._drain()
+
+    @staticmethod
+    def _acked_ok(entry: Entry) -> bool:
+        if not entry.copy:
+            return True
+        fut = entry.future
+        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+
+    async def _landed_up_to(self) -> int | None:
+        ep = self.ep
+        try:
+            return await last_copied(
+                ep.target_js, ep.target_stream, self.transform.rewrite(ep.profile.settings.topic),
+                ep.source_stream, ep.profile.base_name,
+            )
+        except Exception as err:  # noqa: BLE001 - target unreachable: try again after backoff
+            log.warning("%s cannot read the target's last message yet: %s", ep.worker, err)
+            return None
+
+    async def _consumer_trouble(self, status: int, text: str) -> None:
+        """409s: the consumer was deleted or lost leadership; rebind where we are."""
+        ep = self.ep
+        log.warning("%s consumer status %d %s", ep.worker, status, text)
+        if "deleted" in text.lower() or status == 409 and "leadership" in text.lower():
+            await self._rebind_after_loss()
+
+    async def _rebind_after_loss(self) -> None:
+        assert self.puller is not None
+        ep = self.ep
+        resume = max(self.committed, self.window[-1].seq if self.window else 0) + 1
+        config = ConsumerConfig(
+            durable_name=ep.profile.durable_name, ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT,
+            max_ack_pending=self.max_in_flight * 2, filter_subject=ep.profile.settings.topic,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=resume, max_waiting=512,
+        )
+        try:
+            await ep.source_js.add_consumer(ep.source_stream, config)
+            self.puller.reset()
+            log.info("%s recreated consumer %s at sequence %d", ep.worker, ep.profile.durable_name, resume)
+        except Exception as err:  # noqa: BLE001
+            log.warning("%s cannot recreate consumer: %s", ep.worker, err)
+            await self.stopper.sleep(self.backoff.next())
+
+    async def _finish(self) -> None:
+        """On stop: finish and ack what is in flight (bounded), then stop."""
+        deadline = time.monotonic() + PUBLISH_TIMEOUT * 2
+        if self.puller is not None:
+            self.puller.buffer.clear()
+        while self.window and time.monotonic() < deadline:
+            if not self.chain_open:
+                first = self._first_copy()
+                if first is not None and first.future is None:
+                    await self._send_alone(first)
+            pending = [e.future for e in self.window if e.future is not None and not e.future.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+            before = len(self.window)
+            await self._drain()
+            if len(self.window) == before and not pending:
+                break
+        with contextlib.suppress(Exception):
+            await self.ep.source_nc.flush(timeout=2)
+
+
+@dataclass
+class ScaledWorker:
+    """One of many workers sharing the group's durable: unordered, each message acked on its own."""
+
+    ep: Endpoints
+    stopper: Stopper = field(default_factory=Stopper)
+
+    def __post_init__(self) -> None:
+        self.wake = asyncio.Event()
+        self.transform = MessageTransform(self.ep)
+        self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
+        self.inflight: deque[tuple[Msg, asyncio.Future[None], float, float]] = deque()
+        self.max_in_flight = self.ep.profile.settings.max_in_flight
+
+    async def run(self) -> None:
+        ep = self.ep
+        await self.publisher.start()
+        backoff = Backoff()
+        while not self.stopper.stopping:
+            try:
+                await ensure_group_consumer(ep, self.max_in_flight)
+                break
+            except Exception as err:  # noqa: BLE001
+                log.warning("%s cannot bind consumer: %s", ep.worker, err)
+                await self.stopper.sleep(backoff.next())
+        puller = Puller(ep.source_nc, ep.source_stream, ep.profile.group_name, batch=ep.profile.settings.batch,
+                        wake=self.wake, api_prefix=ep.api_prefix)
+        await puller.start()
+        ep.ready(True)
+        try:
+            while not self.stopper.stopping:
+                room = self.max_in_flight - len(self.inflight)
+                if room > 0:
+                    await puller.request(room)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), 1.0)
+                self.wake.clear()
+                if puller.last_status is not None:
+                    status, text = puller.last_status
+                    puller.last_status = None
+                    log.warning("%s consumer status %d %s", ep.worker, status, text)
+                    if "deleted" in text.lower():
+                        with contextlib.suppress(Exception):
+                            await ensure_group_consumer(ep, self.max_in_flight)
+                        puller.reset()
+                while puller.buffer and len(self.inflight) < self.max_in_flight:
+                    await self._admit(puller.buffer.popleft())
+                await self._settle(time.monotonic())
+            # Stop: no new work; finish what is in flight.
+            puller.buffer.clear()
+            deadline = time.monotonic() + PUBLISH_TIMEOUT
+            while self.inflight and time.monotonic() < deadline:
+                await asyncio.wait([f for _, f, _, _ in self.inflight], timeout=0.5)
+                await self._settle(time.monotonic())
+            with contextlib.suppress(Exception):
+                await ep.source_nc.flush(timeout=2)
+        finally:
+            ep.ready(False)
+            await puller.stop()
+            await self.publisher.stop()
+
+    async def _admit(self, msg: Msg) -> None:
+        ep = self.ep
+        m = ep.metrics
+        meta = parse_ack_subject(msg.reply)
+        m.received_msgs.inc()
+        m.received_bytes.inc(len(msg.data))
+        m.lag_msgs.set(meta.pending)
+        m.current_sequence.set(meta.stream_seq)
+        if too_old(ep, meta.timestamp_ns, time.time()):
+            m.too_old_msgs.inc()
+            await ack(ep.source_nc, msg.reply, m.acks_failed.inc)
+            return
+        if ep.limiter is not None and not await ep.limiter.should_copy(msg.subject, msg.headers, msg.data):
+            await ack(ep.source_nc, msg.reply, m.acks_failed.inc)
+            return
+        headers = self.transform.headers(msg, meta.stream_seq, meta.timestamp_ns)
+        fut = await self.publisher.publish(self.transform.rewrite(msg.subject), msg.data, headers)
+        self.inflight.append((msg, fut, time.monotonic(), float(meta.delivered)))
+
+    async def _settle(self, now: float) -> None:
+        ep = self.ep
+        m = ep.metrics
+        keep: deque[tuple[Msg, asyncio.Future[None], float, float]] = deque()
+        for msg, fut, started, delivered in self.inflight:
+            if not fut.done():
+                if now - started > PUBLISH_TIMEOUT:
+                    fut.cancel()
+                    m.failed_msgs.inc()
+                    await nak(ep.source_nc, msg.reply, 1.0, m.acks_failed.inc)
+                else:
+                    keep.append((msg, fut, started, delivered))
+                continue
+            err = fut.exception() if not fut.cancelled() else PublishError("cancelled")
+            if err is None:
+                m.copied_msgs.inc()
+                m.copied_bytes.inc(len(msg.data))
+                m.processing_time.observe(now - started)
+                await ack(ep.source_nc, msg.reply, m.acks_failed.inc)
+                continue
+            m.failed_msgs.inc()
+            perr = err if isinstance(err, PublishError) else PublishError(str(err))
+            if is_permanent(perr) and delivered >= POISON_ATTEMPTS:
+                log.error("%s gave up on a message after %d deliveries: %s (terminated, counted in failed_msgs)",
+                          ep.worker, int(delivered), perr.description)
+                await term(ep.source_nc, msg.reply, m.acks_failed.inc)
+            else:
+                delay = min(0.25 * 2 ** min(delivered, 5), 10.0)
+                if is_target_full(perr):
+                    m.target_blocked.set(1)
+                log.warning("%s publish failed (%s): redelivery in %.1fs", ep.worker, perr.description, delay)
+                await nak(ep.source_nc, msg.reply, delay, m.acks_failed.inc)
+        if len(keep) < len(self.inflight) and all(f.exception() is None for _, f, _, _ in self.inflight
+                                                 if f.done() and not f.cancelled()):
+            m.target_blocked.set(0)
+        self.inflight = keep
+
+
+async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:
+    """The shared durable: created once (first-start position), then just bound by every worker."""
+    name = ep.profile.group_name
+    try:
+        await ep.source_js.consumer_info(ep.source_stream, name)
+        return
+    except NotFoundError:
+        pass
+    config = ConsumerConfig(
+        durable_name=name,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ACK_WAIT,
+        max_ack_pending=max(20_000, max_in_flight * 8),
+        filter_subject=ep.profile.settings.topic,
+        max_waiting=2048,
+        **start_position(ep.profile),  # type: ignore[arg-type]
+    )
+    try:
+        await ep.source_js.add_consumer(ep.source_stream, config)
+    except Exception:
+        # Another worker or pod created it first with the same settings: bind to that one.
+        await ep.source_js.consumer_info(ep.source_stream, name)
+

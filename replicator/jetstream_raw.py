@@ -1,0 +1,246 @@
+"""Pipelined JetStream primitives: a pull client and a publisher that keep many messages in flight.
+
+nats-py's `fetch` and `publish_async` parse a JSON reply and build objects per message; at fleet
+rates that per-message work dominates. These speak the JetStream wire API directly: pull requests
+to `$JS.API.CONSUMER.MSG.NEXT`, acknowledgement replies parsed from their subject, and publish
+acknowledgements judged without JSON unless they carry an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+STATUS = "Status"
+DESCRIPTION = "Description"
+
+
+class PublishError(Exception):
+    """The target refused a message (or did not answer); `code` is JetStream's err_code when known."""
+
+    def __init__(self, description: str, code: int = 0, status: int = 0) -> None:
+        super().__init__(description)
+        self.description = description
+        self.code = code
+        self.status = status
+
+
+# JetStream errors that will never succeed on retry: the message itself is unacceptable.
+PERMANENT_CODES = frozenset({10054})  # message size exceeds maximum allowed
+WRONG_LAST_MSG_ID = 10070
+STREAM_FULL_HINTS = ("maximum messages", "maximum bytes", "resource limits", "insufficient resources")
+
+
+@dataclass(slots=True)
+class JsMeta:
+    """What the acknowledgement subject of a delivered JetStream message tells."""
+
+    stream: str
+    consumer: str
+    delivered: int
+    stream_seq: int
+    consumer_seq: int
+    timestamp_ns: int
+    pending: int
+
+
+def parse_ack_subject(reply: str) -> JsMeta:
+    """Both the v1 (`$JS.ACK.<stream>...`) and v2 (with domain and account hash) forms."""
+    tokens = reply.split(".")
+    if len(tokens) >= 12:  # $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<d>.<sseq>.<cseq>.<ts>.<pending>[.<rand>]
+        tokens = tokens[4:]
+        return JsMeta(tokens[0], tokens[1], int(tokens[2]), int(tokens[3]), int(tokens[4]), int(tokens[5]), int(tokens[6]))
+    if len(tokens) == 9:
+        return JsMeta(
+            tokens[2], tokens[3], int(tokens[4]), int(tokens[5]), int(tokens[6]), int(tokens[7]), int(tokens[8])
+        )
+    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+
+
+class Puller:
+    """Pull consumer client that keeps up to `window` messages requested and buffered.
+
+    Each pull request has its own reply subject, so expiry and status replies settle exactly the
+    request they belong to; a deadline per request bounds any drift.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        consumer: str,
+        *,
+        batch: int,
+        expires: float = 5.0,
+        wake: asyncio.Event | None = None,
+        api_prefix: str = "$JS.API",
+    ) -> None:
+        self.nc = nc
+        self.subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.batch = batch
+        self.expires = expires
+        self.wake = wake or asyncio.Event()
+        self.buffer: deque[Msg] = deque()
+        self._outstanding: dict[str, list[float]] = {}  # request id -> [remaining, deadline]
+        self._ids = itertools.count(1)
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self.last_status: tuple[int, str] | None = None
+
+    async def start(self) -> None:
+        self._inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._on_msg, pending_msgs_limit=-1,
+                                            pending_bytes_limit=-1)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - closing connection: nothing left to unsubscribe
+                pass
+            self._sub = None
+
+    @property
+    def requested(self) -> int:
+        return int(sum(r[0] for r in self._outstanding.values()))
+
+    async def request(self, room: int) -> None:
+        """Ask for more so that buffered + requested covers `room` (in whole batches)."""
+        now = time.monotonic()
+        for rid in [rid for rid, r in self._outstanding.items() if r[1] < now]:
+            del self._outstanding[rid]  # expired without a status reply (e.g. lost in a reconnect)
+        want = room - len(self.buffer) - self.requested
+        while want > 0:
+            n = min(self.batch, want)
+            rid = str(next(self._ids))
+            self._outstanding[rid] = [n, now + self.expires + 1.0]
+            body = json.dumps({"batch": n, "expires": int(self.expires * 1e9)}).encode()
+            await self.nc.publish(self.subject, body, reply=f"{self._inbox}.{rid}")
+            want -= n
+
+    def reset(self) -> None:
+        """Forget outstanding requests and buffered messages (after the consumer was recreated)."""
+        self._outstanding.clear()
+        self.buffer.clear()
+
+    async def _on_msg(self, msg: Msg) -> None:
+        headers = msg.headers
+        if not msg.reply and headers and STATUS in headers:
+            status = int(headers[STATUS])
+            if status == 100:  # idle heartbeat
+                return
+            # 404 no messages, 408 expired, 409 consumer deleted/leadership change/max waiting: request over.
+            # Status replies come on the request's own reply subject, so they settle exactly that request.
+            self._outstanding.pop(msg.subject.rsplit(".", 1)[-1], None)
+            if status not in (404, 408):
+                self.last_status = (status, headers.get(DESCRIPTION, ""))
+            self.wake.set()
+            return
+        # Messages carry their original subject, not the request's; the server fills waiting requests
+        # in arrival order, so a message belongs to the oldest open one.
+        for rid, req in self._outstanding.items():
+            req[0] -= 1
+            if req[0] <= 0:
+                del self._outstanding[rid]
+            break
+        self.buffer.append(msg)
+        self.wake.set()
+
+
+class Publisher:
+    """Publishes to JetStream without waiting: each call returns a future settled by the PubAck."""
+
+    def __init__(self, nc: Client, *, wake: asyncio.Event | None = None) -> None:
+        self.nc = nc
+        self.wake = wake
+        self._futures: dict[str, asyncio.Future[None]] = {}
+        self._ids = itertools.count(1)
+        self._prefix = ""
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._prefix = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(self._prefix + ".*", cb=self._on_ack, pending_msgs_limit=-1,
+                                            pending_bytes_limit=-1)
+
+    async def stop(self) -> None:
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.cancel()
+        self._futures.clear()
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001
+                pass
+            self._sub = None
+
+    async def publish(
+        self, subject: str, data: bytes, headers: dict[str, str] | None
+    ) -> asyncio.Future[None]:
+        token = str(next(self._ids))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._futures[token] = fut
+        try:
+            await self.nc.publish(subject, data, reply=f"{self._prefix}.{token}", headers=headers)
+        except Exception as err:
+            self._futures.pop(token, None)
+            fut.set_exception(PublishError(f"publish failed: {type(err).__name__}: {err}"))
+        return fut
+
+    def forget_all(self) -> None:
+        """Drop futures we no longer wait for: late acks for them are then ignored."""
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.cancel()
+        self._futures.clear()
+
+    async def _on_ack(self, msg: Msg) -> None:
+        token = msg.subject.rsplit(".", 1)[-1]
+        fut = self._futures.pop(token, None)
+        if fut is None or fut.done():
+            return
+        headers = msg.headers
+        if headers and STATUS in headers:
+            status = int(headers[STATUS])
+            text = "no stream captures the subject" if status == 503 else headers.get(DESCRIPTION, "")
+            fut.set_exception(PublishError(text or f"status {status}", status=status))
+        elif b'"error"' in msg.data:
+            err = json.loads(msg.data).get("error", {})
+            fut.set_exception(PublishError(err.get("description", "error"), int(err.get("err_code", 0)),
+                                           int(err.get("code", 0))))
+        else:
+            fut.set_result(None)
+        if self.wake is not None:
+            self.wake.set()
+
+
+async def ack(nc: Client, reply: str, on_error: Callable[[], None]) -> None:
+    """A fire-and-forget +ACK; a failure is counted, and the message comes back after ack_wait."""
+    try:
+        await nc.publish(reply, b"+ACK")
+    except Exception:  # noqa: BLE001 - any send failure means the same: redelivery later
+        on_error()
+
+
+async def nak(nc: Client, reply: str, delay: float, on_error: Callable[[], None]) -> None:
+    try:
+        await nc.publish(reply, b"-NAK " + json.dumps({"delay": int(delay * 1e9)}).encode())
+    except Exception:  # noqa: BLE001
+        on_error()
+
+
+async def term(nc: Client, reply: str, on_error: Callable[[], None]) -> None:
+    try:
+        await nc.publish(reply, b"+TERM")
+    except Exception:  # noqa: BLE001
+        on_error()
