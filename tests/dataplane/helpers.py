@@ -23,7 +23,7 @@ from replicator.streams import PROVENANCE, parse_provenance
 
 def topic_config(source_url: str, target_url: str, **overrides: Any) -> dict[str, Any]:
     topic = {"topic": "fleet.>", "source_url": source_url, "target_url": target_url, "name": "sr"}
-    topic.update(overrides)
+    topic = {k: v for k, v in {**topic, **overrides}.items() if v is not None}
     return {"topics": {"fleet": topic}}
 
 

@@ -1,0 +1,276 @@
+"""A typed, defaulted view of a StreamReplication's spec.
+
+The API server applies the CRD's defaults, but objects written before a default existed (and the
+test emulator) may lack them, so the builders read the spec through this view only. `DEFAULTS`
+mirrors the CRD's `default:` values; a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from replication_operator import naming
+
+DEFAULTS: dict[str, Any] = {
+    "mode": "ordered",
+    "replicas": 1,
+    "workersPerPod": 1,
+    "source.credentialsSecret.key": "user.creds",
+    "target.credentialsSecret.key": "user.creds",
+    "target.create": True,
+    "advisory.cluster": "target",
+    "fleetHealth.suspend": False,
+    "fleetHealth.kvBucket": "FLEET_HEALTH",
+    "monitoring": {},
+    "monitoring.port": 8080,
+    "monitoring.serviceMonitor.enabled": False,
+}
+
+TLS_CA = "ca.crt"
+TLS_CERT = "tls.crt"
+TLS_KEY = "tls.key"
+
+Side = Literal["source", "target"]
+
+
+class SpecError(ValueError):
+    """The spec cannot be turned into a worker config (the CRD schema normally prevents it)."""
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One side of the replication: NATS URL, stream and the Secrets to reach it."""
+
+    side: Side
+    url: str
+    stream: str | None = None
+    credentials: SecretKeyRef | None = None
+    tls_secret: str | None = None
+
+
+@dataclass(frozen=True)
+class Target(Endpoint):
+    subject_prefix: str | None = None
+    subject_remove: str | None = None
+    create: bool = True
+
+
+@dataclass(frozen=True)
+class Sampling:
+    age: str
+    inspect: str | None = None
+    inspect_header: str | None = None
+    inspect_subject_token: int | None = None
+    update_flag: str | None = None
+    size_trigger: int | None = None
+    limiter_state: str | None = None
+
+
+@dataclass(frozen=True)
+class Advisory:
+    subject: str
+    cluster: Side = "target"
+    age: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceMonitorSpec:
+    enabled: bool = False
+    interval: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FleetHealth:
+    kv_bucket: str
+    url: str | None
+    raw: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReplicationSpec:
+    namespace: str
+    resource_name: str
+    topic: str
+    source: Endpoint
+    target: Target
+    mode: Literal["ordered", "scaled"]
+    replicas: int
+    workers_per_pod: int
+    name: str
+    queue_group: str
+    start: dict[str, Any]
+    max_age: str | None
+    sampling: Sampling | None
+    advisory: Advisory | None
+    fleet_health: FleetHealth | None
+    image: str | None
+    resources: dict[str, Any] | None
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+    affinity: dict[str, Any] | None
+    pod_annotations: dict[str, str]
+    service_account_name: str | None
+    monitoring_port: int
+    service_monitor: ServiceMonitorSpec
+
+    @property
+    def ordered(self) -> bool:
+        return self.mode == "ordered"
+
+    @property
+    def total_workers(self) -> int:
+        """Worker processes that can run at once across all pods (standbys included)."""
+        return self.replicas * (1 if self.ordered else self.workers_per_pod)
+
+    @property
+    def leader_election(self) -> bool:
+        """Ordered hot standbys need election, or two pods would copy at once."""
+        return self.ordered and self.replicas > 1
+
+    @property
+    def consumer_name(self) -> str:
+        """The durable consumer on the source: the queue group (scaled) or the name (ordered)."""
+        return self.name if self.ordered else self.queue_group
+
+    @property
+    def limiter_state(self) -> str | None:
+        """Sampling state: shared `kv` as soon as more than one worker exists, else a `file` in an emptyDir."""
+        if not self.sampling:
+            return None
+        if self.total_workers > 1:
+            return "kv"
+        return self.sampling.limiter_state or "file"
+
+    def endpoint(self, side: Side) -> Endpoint:
+        return self.source if side == "source" else self.target
+
+    @property
+    def advisory_endpoint(self) -> Endpoint | None:
+        return self.endpoint(self.advisory.cluster) if self.advisory else None
+
+
+def _get(data: Mapping[str, Any], path: str) -> Any:
+    """A dotted-path lookup that falls back to `DEFAULTS`."""
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return DEFAULTS.get(path)
+        node = node[part]
+    return node
+
+
+def _secret(data: Mapping[str, Any], side: str) -> SecretKeyRef | None:
+    ref = _get(data, f"{side}.credentialsSecret")
+    if not ref:
+        return None
+    if not ref.get("name"):
+        raise SpecError(f"spec.{side}.credentialsSecret.name is required")
+    return SecretKeyRef(name=str(ref["name"]), key=str(ref.get("key") or DEFAULTS[f"{side}.credentialsSecret.key"]))
+
+
+def _endpoint(data: Mapping[str, Any], side: Side) -> dict[str, Any]:
+    section = data.get(side)
+    if not isinstance(section, Mapping) or not section.get("url"):
+        raise SpecError(f"spec.{side}.url is required")
+    return {
+        "side": side,
+        "url": str(section["url"]),
+        "stream": section.get("stream"),
+        "credentials": _secret(data, side),
+        "tls_secret": section.get("tlsSecret"),
+    }
+
+
+def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
+    """The resource's spec, defaulted and typed; raises SpecError for what the schema should have caught."""
+    meta = resource.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "default")
+    resource_name = str(meta.get("name") or "")
+    if not resource_name:
+        raise SpecError("metadata.name is required")
+    data: Mapping[str, Any] = resource.get("spec") or {}
+    if not data.get("topic"):
+        raise SpecError("spec.topic is required")
+
+    mode = _get(data, "mode")
+    if mode not in ("ordered", "scaled"):
+        raise SpecError(f"spec.mode must be ordered or scaled, not {mode!r}")
+    workers = int(_get(data, "workersPerPod"))
+    if mode == "ordered" and workers != 1:
+        raise SpecError("spec.workersPerPod > 1 needs mode: scaled")
+
+    sampling = None
+    if data.get("sampling"):
+        s = data["sampling"]
+        keys = [k for k in ("inspect", "inspectHeader", "inspectSubjectToken") if s.get(k) is not None]
+        if len(keys) != 1:
+            raise SpecError("spec.sampling takes exactly one of inspect, inspectHeader, inspectSubjectToken")
+        if not s.get("age"):
+            raise SpecError("spec.sampling.age is required")
+        sampling = Sampling(
+            age=str(s["age"]),
+            inspect=s.get("inspect"),
+            inspect_header=s.get("inspectHeader"),
+            inspect_subject_token=s.get("inspectSubjectToken"),
+            update_flag=s.get("updateFlag"),
+            size_trigger=s.get("sizeTrigger"),
+            limiter_state=s.get("limiterState"),
+        )
+
+    advisory = None
+    if data.get("advisory"):
+        a = data["advisory"]
+        advisory = Advisory(subject=str(a["subject"]), cluster=_get(data, "advisory.cluster"), age=a.get("age"))
+
+    fleet = None
+    if data.get("fleetHealth"):
+        f = data["fleetHealth"]
+        fleet = FleetHealth(kv_bucket=str(_get(data, "fleetHealth.kvBucket")), url=f.get("url"), raw=dict(f))
+
+    sm = _get(data, "monitoring.serviceMonitor") or {}
+    target = _endpoint(data, "target")
+    tsec = data["target"]
+    return ReplicationSpec(
+        namespace=namespace,
+        resource_name=resource_name,
+        topic=str(data["topic"]),
+        source=Endpoint(**_endpoint(data, "source")),
+        target=Target(
+            **target,
+            subject_prefix=tsec.get("subjectPrefix"),
+            subject_remove=tsec.get("subjectRemove"),
+            create=bool(_get(data, "target.create")),
+        ),
+        mode=mode,
+        replicas=int(_get(data, "replicas")),
+        workers_per_pod=workers,
+        name=str(data.get("name") or naming.default_replicator_name(namespace, resource_name)),
+        queue_group=str(data.get("queueGroup") or naming.default_queue_group(namespace, resource_name)),
+        start=dict(data.get("start") or {}),
+        max_age=data.get("maxAge"),
+        sampling=sampling,
+        advisory=advisory,
+        fleet_health=fleet,
+        image=data.get("image"),
+        resources=data.get("resources"),
+        node_selector=dict(data.get("nodeSelector") or {}),
+        tolerations=list(data.get("tolerations") or []),
+        affinity=data.get("affinity"),
+        pod_annotations=dict(data.get("podAnnotations") or {}),
+        service_account_name=data.get("serviceAccountName"),
+        monitoring_port=int(_get(data, "monitoring.port")),
+        service_monitor=ServiceMonitorSpec(
+            enabled=bool(sm.get("enabled", DEFAULTS["monitoring.serviceMonitor.enabled"])),
+            interval=sm.get("interval"),
+            labels=dict(sm.get("labels") or {}),
+        ),
+    )

@@ -1,0 +1,147 @@
+"""The worker's YAML config (the format of `replicator/config.py`) built from a StreamReplication.
+
+The config is the whole contract between operator and worker: everything a pod needs, apart from
+its own identity (`SR_INSTANCE`, from the downward API), is in it. It is rendered with sorted keys
+so that its hash only changes when its meaning does; that hash rolls the pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from replication_operator import naming
+from replication_operator.spec import TLS_CA, TLS_CERT, TLS_KEY, ReplicationSpec, Side, SpecError
+from replicator.config import Config
+
+ALL_TLS_KEYS = frozenset({TLS_CA, TLS_CERT, TLS_KEY})
+
+
+def credentials_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-credentials"
+
+
+def tls_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-tls"
+
+
+def credentials_path(spec: ReplicationSpec, side: Side) -> str | None:
+    ref = spec.endpoint(side).credentials
+    return f"{credentials_dir(side)}/{ref.key}" if ref else None
+
+
+def tls_settings(spec: ReplicationSpec, side: Side, keys: Collection[str]) -> dict[str, str] | None:
+    """`scheme: manual` TLS for one side, naming only the files the Secret really has."""
+    secret = spec.endpoint(side).tls_secret
+    if not secret:
+        return None
+    base = tls_dir(side)
+    tls: dict[str, str] = {"scheme": "manual"}
+    if TLS_CA in keys:
+        tls["ca"] = f"{base}/{TLS_CA}"
+    if TLS_CERT in keys and TLS_KEY in keys:
+        tls["cert"] = f"{base}/{TLS_CERT}"
+        tls["key"] = f"{base}/{TLS_KEY}"
+    return tls
+
+
+def build_worker_config(
+    spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]] | None = None
+) -> dict[str, Any]:
+    """The config dict; `tls_keys` maps a TLS Secret's name to the keys it holds (all three if unknown)."""
+    topic: dict[str, Any] = {
+        "topic": spec.topic,
+        "source_url": spec.source.url,
+        "target_url": spec.target.url,
+        "name": spec.name,
+        "target_create": spec.target.create,
+        "monitor": spec.monitoring_port,
+    }
+    optional = {
+        "source_stream": spec.source.stream,
+        "target_stream": spec.target.stream,
+        "target_subject_prefix": spec.target.subject_prefix,
+        "target_subject_remove": spec.target.subject_remove,
+        "max_age": spec.max_age,
+    }
+    topic.update({k: v for k, v in optional.items() if v is not None})
+
+    if spec.ordered:
+        topic["workers"] = 1
+        topic["queued"] = False
+        if spec.leader_election:
+            topic["leader_election"] = True
+    else:
+        topic["workers"] = spec.workers_per_pod
+        topic["queued"] = True
+        topic["queue_group"] = spec.queue_group
+
+    start = spec.start
+    if "sequence" in start:
+        topic["start_sequence"] = int(start["sequence"])
+    elif "time" in start:
+        topic["start_time"] = str(start["time"])
+    elif "delta" in start:
+        topic["start_delta"] = str(start["delta"])
+    elif start.get("atEnd"):
+        topic["start_at_end"] = True
+
+    if spec.sampling:
+        s = spec.sampling
+        sampling = {
+            "inspect": s.inspect,
+            "inspect_header": s.inspect_header,
+            "inspect_subject_token": s.inspect_subject_token,
+            "age": s.age,
+            "update_flag": s.update_flag,
+            "size_trigger": s.size_trigger,
+            "limiter_state": spec.limiter_state,
+        }
+        topic.update({k: v for k, v in sampling.items() if v is not None})
+    if spec.advisory:
+        advisory: dict[str, Any] = {"target": spec.advisory.subject, "cluster": spec.advisory.cluster}
+        if spec.advisory.age:
+            advisory["age"] = spec.advisory.age
+        topic["advisory"] = advisory
+
+    sides: tuple[Side, Side] = ("source", "target")
+    for side in sides:
+        creds = credentials_path(spec, side)
+        if creds:
+            topic[f"{side}_credentials"] = creds
+        secret = spec.endpoint(side).tls_secret
+        keys = (tls_keys or {}).get(secret or "", ALL_TLS_KEYS)
+        tls = tls_settings(spec, side, keys)
+        if tls:
+            topic[f"{side}_tls"] = tls
+
+    return {
+        "log_format": "json",
+        "state_dir": naming.STATE_DIR,
+        "topics": {naming.profile(spec.resource_name): topic},
+    }
+
+
+def render(config: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(config), sort_keys=True, default_flow_style=False)
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def validate(config: Mapping[str, Any]) -> None:
+    """The worker's own model accepts it (file checks aside: the files exist only in the pod)."""
+    try:
+        Config.model_validate(dict(config))
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+            msg = str(e["msg"]).removeprefix("Value error, ")
+            problems.append(f"{loc}: {msg}")
+        raise SpecError("the worker config would be invalid: " + "; ".join(problems)) from None
