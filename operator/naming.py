@@ -30,7 +30,7 @@ FINALIZER = f"{GROUP}/kopf-finalizer"
 CONFIG_KEY = "config.yaml"
 CONFIG_DIR = "/etc/stream-replicator"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
-SECRETS_DIR = f"{CONFIG_DIR}/secrets"
+SECRETS_DIR = "/var/run/secrets/stream-replicator"
 STATE_DIR = "/var/lib/stream-replicator"
 CONTAINER = "replicator"
 METRICS_PORT_NAME = "metrics"
@@ -76,6 +76,10 @@ def service_monitor_name(name: str) -> str:
     return name
 
 
+def fleet_health_name(name: str) -> str:
+    return f"{name}-fleet-health"
+
+
 def secret_volume_name(side: str, what: str) -> str:
     return f"{side}-{what}"
 
@@ -97,3 +101,47 @@ def labels(name: str, component: str = "worker") -> dict[str, str]:
 def selector_string(name: str) -> str:
     """`status.selector` for the scale subresource (HPA, `kubectl scale`)."""
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+class Kind:
+    """An API resource the operator reads or writes, with what it takes to build its URLs."""
+
+    def __init__(self, group: str, version: str, kind: str, plural: str) -> None:
+        self.group = group
+        self.version = version
+        self.kind = kind
+        self.plural = plural
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        url = f"{base}/namespaces/{namespace}/{self.plural}"
+        if name:
+            url += f"/{name}"
+        if subresource:
+            url += f"/{subresource}"
+        return url
+
+    def __repr__(self) -> str:
+        return f"Kind({self.api_version} {self.kind})"
+
+
+STREAM_REPLICATION = Kind(GROUP, VERSION, KIND, PLURAL)
+CONFIGMAP = Kind("", "v1", "ConfigMap", "configmaps")
+SERVICE = Kind("", "v1", "Service", "services")
+SECRET = Kind("", "v1", "Secret", "secrets")
+DEPLOYMENT = Kind("apps", "v1", "Deployment", "deployments")
+PDB = Kind("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
+SERVICE_MONITOR = Kind("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors")
+SCHEDULED_SPARK_APPLICATION = Kind(
+    "sparkoperator.k8s.io", "v1beta2", "ScheduledSparkApplication", "scheduledsparkapplications"
+)
+CHILD_KINDS = (CONFIGMAP, SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR, SCHEDULED_SPARK_APPLICATION)
+KINDS_BY_API = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, STREAM_REPLICATION)}
+
+
+def kind_of(obj: dict[str, object]) -> Kind:
+    return KINDS_BY_API[(str(obj.get("apiVersion")), str(obj.get("kind")))]

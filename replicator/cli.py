@@ -55,6 +55,7 @@ async def _run(args: argparse.Namespace) -> int:
     from replicator.runner import Replicator
 
     profile = load_profile(args.config, args.topic, instance=args.instance)
+    profile.check_files()
     cfg = profile.config
     setup_logging(debug=cfg.debug, verbose=cfg.verbose, logfile=cfg.logfile, log_format=cfg.log_format)
     replicator = Replicator(profile, monitor_port=args.monitor)

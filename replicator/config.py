@@ -280,6 +280,27 @@ class Profile:
     def credentials_for(self, side: Literal["source", "target"]) -> str | None:
         return self.settings.source_credentials if side == "source" else self.settings.target_credentials
 
+    def check_files(self) -> None:
+        """Unreadable TLS and credentials files fail at start, not at the first reconnect.
+
+        Only the profile being run is checked, so one config can describe hosts with other files.
+        """
+        for side in ("source", "target"):
+            tls = self.tls_for(side)  # type: ignore[arg-type]
+            if tls:
+                key = f"{side}_tls" if getattr(self.settings, f"{side}_tls") else (
+                    f"topics.{self.profile}.tls" if self.settings.tls else "tls")
+                if not key.startswith(("tls", "topics")):
+                    key = f"topics.{self.profile}.{key}"
+                for label, path in zip(("ca", "cert", "key"), tls.files(), strict=True):
+                    if path and not os.access(path, os.R_OK):
+                        raise ConfigError(f"{self.source}: {key}: {side} TLS {label} file {path} is not readable")
+            creds = self.credentials_for(side)  # type: ignore[arg-type]
+            if creds and not os.access(creds, os.R_OK):
+                raise ConfigError(
+                    f"{self.source}: topics.{self.profile}.{side}_credentials: file {creds} is not readable"
+                )
+
     def state_file(self) -> Path:
         assert self.config.state_dir
         return Path(self.config.state_dir) / f"{self.profile}.json"
@@ -321,27 +342,7 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
         config = Config.model_validate(dict(data))
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
-    _check_files(config, source)
     return config
-
-
-def _check_files(config: Config, source: str) -> None:
-    """Unreadable TLS and credentials files fail at load, not at the first reconnect."""
-    for name, topic in config.topics.items():
-        for side in ("source", "target"):
-            tls = Profile(config, name).tls_for(side)  # type: ignore[arg-type]
-            if tls:
-                for label, path in zip(("ca", "cert", "key"), tls.files(), strict=True):
-                    if path and not os.access(path, os.R_OK):
-                        key = "tls" if tls.scheme == "manual" else "tls.ssl_dir"
-                        raise ConfigError(
-                            f"{source}: topics.{name}.{key}: {side} TLS {label} file {path} is not readable"
-                        )
-            creds = topic.source_credentials if side == "source" else topic.target_credentials
-            if creds and not os.access(creds, os.R_OK):
-                raise ConfigError(
-                    f"{source}: topics.{name}.{side}_credentials: file {creds} is not readable"
-                )
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:

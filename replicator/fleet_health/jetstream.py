@@ -36,7 +36,7 @@ class StreamBounds:
     messages: int
 
 
-@dataclass
+@dataclass(repr=False)
 class Columns:
     """Messages kept column-wise: a Spark partition turns them into one Arrow batch without a transpose."""
 

@@ -140,8 +140,13 @@ class JetStreamReader(DataSourceReader):
         if partition.end < partition.start:
             return
         opts = self.options
-        with asyncio.Runner() as runner:
-            nc = runner.run(connect(opts.url, opts.credentials, name=f"fleet-health-{partition.start}"))
+        # A plain loop, not asyncio.Runner: Runner.run re-installs a SIGINT handler on every call and
+        # formats the task's repr (with all buffered rows) when doing so.
+        loop = asyncio.new_event_loop()
+        try:
+            nc = loop.run_until_complete(
+                connect(opts.url, opts.credentials, name=f"fleet-health-{partition.start}")
+            )
             reader = RangeReader(
                 nc,
                 opts.stream,
@@ -152,12 +157,14 @@ class JetStreamReader(DataSourceReader):
                 idle_timeout=opts.idle_timeout,
             )
             try:
-                runner.run(reader.open())
-                while (chunk := runner.run(reader.next_chunk(opts.chunk_rows))) is not None:
+                loop.run_until_complete(reader.open())
+                while (chunk := loop.run_until_complete(reader.next_chunk(opts.chunk_rows))) is not None:
                     yield to_record_batch(chunk, self.arrow_schema)
             finally:
-                runner.run(reader.close())
-                runner.run(nc.close())
+                loop.run_until_complete(reader.close())
+                loop.run_until_complete(nc.close())
+        finally:
+            loop.close()
 
 
 class JetStreamDataSource(DataSource):

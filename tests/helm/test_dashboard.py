@@ -1,0 +1,195 @@
+"""The Grafana dashboard queries only metrics the worker really exports, with their real labels.
+
+The reference is the exposition of a real `replicator.metrics.Metrics()` registry with one worker's
+samples, as Prometheus would scrape it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helm_chart_support import CHART_DIR, REPO
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from replicator.metrics import METRIC_NAMES, Metrics
+
+DASHBOARD = REPO / "dashboards" / "stream-replicator.json"
+CHART_DASHBOARD = CHART_DIR / "dashboards" / "stream-replicator.json"
+
+# PromQL keywords that read like identifiers (functions are recognised by their "(").
+KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset"}
+IDENT = r"[A-Za-z_:][A-Za-z0-9_:]*"
+
+
+def exposition() -> dict[str, set[str]]:
+    """Sample name -> label names, from a real registry with one worker's samples."""
+    metrics = Metrics()
+    worker = metrics.worker("cmdb", "cmdb_0")
+    worker.received_msgs.inc()
+    worker.processing_time.observe(0.002)
+    worker.lag_msgs.set(3)
+    samples: dict[str, set[str]] = {}
+    text = generate_latest(metrics.registry).decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, set()).update(sample.labels)
+    return samples
+
+
+def sample_family(sample: str) -> str:
+    for suffix in ("_total", "_bucket", "_sum", "_count", "_created"):
+        if sample.endswith(suffix) and sample.removesuffix(suffix) in METRIC_NAMES:
+            return sample.removesuffix(suffix)
+    return sample
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects."""
+    s = re.sub(r'"(?:\\.|[^"\\])*"', '""', expr)  # string literals
+    s = re.sub(r"\{[^}]*\}", " ", s)  # label matchers
+    s = re.sub(r"\[[^\]]*\]", " ", s)  # range selectors
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)  # label lists
+    names = set()
+    for match in re.finditer(IDENT, s):
+        word = match.group()
+        if word in KEYWORDS or re.match(r"\s*\(", s[match.end() :]):
+            continue  # a keyword or a function call
+        if match.start() > 0 and s[match.start() - 1] in "0123456789.$":
+            continue  # part of a number or a variable
+        names.add(word)
+    return names
+
+
+def grouping_labels(expr: str) -> set[str]:
+    labels = set()
+    for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+        labels.update(label.strip() for label in group.split(",") if label.strip())
+    return labels
+
+
+def matcher_labels(expr: str) -> set[str]:
+    labels = set()
+    for body in re.findall(r"\{([^}]*)\}", expr):
+        labels.update(re.findall(r"(" + IDENT + r")\s*(?:=~|!~|!=|=)", body))
+    return labels
+
+
+def load() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(dashboard: dict) -> list[dict]:
+    found = []
+    for panel in dashboard["panels"]:
+        found.append(panel)
+        found.extend(panel.get("panels", []))
+    return found
+
+
+def targets(dashboard: dict) -> list[dict]:
+    return [t for p in panels(dashboard) for t in p.get("targets", [])]
+
+
+def variable(dashboard: dict, name: str) -> dict:
+    (found,) = [v for v in dashboard["templating"]["list"] if v["name"] == name]
+    return found
+
+
+def test_chart_ships_the_same_dashboard() -> None:
+    assert CHART_DASHBOARD.read_bytes() == DASHBOARD.read_bytes(), (
+        "helm/stream-replicator/dashboards/stream-replicator.json differs from dashboards/stream-replicator.json"
+    )
+
+
+def test_expression_parser() -> None:
+    expr = (
+        'histogram_quantile(0.9, sum by (le, name) (rate(stream_replicator_processing_time_bucket'
+        '{name=~"$name", worker=~"$worker"}[$__rate_interval]))) / on (name) group_left x_total offset 5m'
+    )
+    assert metric_names(expr) == {"stream_replicator_processing_time_bucket", "x_total"}
+    assert grouping_labels(expr) == {"le", "name"}
+    assert matcher_labels(expr) == {"name", "worker"}
+
+
+def test_every_queried_metric_is_exported_with_its_labels() -> None:
+    exported = exposition()
+    dashboard = load()
+    exprs = [t["expr"] for t in targets(dashboard)]
+    assert len(exprs) >= 20
+    for expr in exprs:
+        names = metric_names(expr)
+        assert names, f"no metric in {expr!r}"
+        for name in names:
+            assert name in exported, f"{name} (in {expr!r}) is not exported by the worker"
+            labels = exported[name]
+            assert matcher_labels(expr) <= labels, expr
+            assert grouping_labels(expr) <= labels, expr
+        # Every series is filtered by the dashboard's variables.
+        assert expr.count('name=~"$name"') == expr.count('worker=~"$worker"') == len(re.findall(r"\{", expr))
+
+
+def test_counters_are_rated_and_gauges_are_not() -> None:
+    for expr in (t["expr"] for t in targets(load())):
+        for name in metric_names(expr):
+            rated = re.search(r"rate\(\s*" + re.escape(name) + r"\{", expr) is not None
+            assert rated == name.endswith(("_total", "_bucket", "_sum", "_count")), expr
+
+
+def test_every_exported_metric_is_on_the_dashboard() -> None:
+    shown = {sample_family(n) for t in targets(load()) for n in metric_names(t["expr"])}
+    assert set(METRIC_NAMES) - shown == set()
+
+
+def test_variables_query_exported_labels() -> None:
+    exported = exposition()
+    dashboard = load()
+    for name in ("name", "worker"):
+        var = variable(dashboard, name)
+        assert var["type"] == "query"
+        assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+        match = re.fullmatch(r"label_values\((" + IDENT + r")(\{[^}]*\})?,\s*(" + IDENT + r")\)", query)
+        assert match, query
+        metric, _, label = match.groups()
+        assert label == name
+        assert metric in exported and label in exported[metric]
+        assert var["multi"] and var["includeAll"]
+    datasource = variable(dashboard, "datasource")
+    assert datasource["type"] == "datasource" and datasource["query"] == "prometheus"
+
+
+def test_dashboard_structure() -> None:
+    dashboard = load()
+    assert dashboard["uid"] == "stream-replicator"
+    assert 36 <= dashboard["schemaVersion"] <= 41
+    ids = [p["id"] for p in panels(dashboard)]
+    assert len(ids) == len(set(ids))
+    occupied: set[tuple[int, int]] = set()
+    for panel in panels(dashboard):
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24
+        cells = {(pos["y"] + dy, pos["x"] + dx) for dy in range(pos["h"]) for dx in range(pos["w"])}
+        assert not cells & occupied, f"panel {panel['title']!r} overlaps another"
+        occupied |= cells
+        if panel["type"] != "row":
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert panel["targets"] and panel.get("description")
+            for target in panel["targets"]:
+                assert target["datasource"] == panel["datasource"]
+    refs = [(p["id"], t["refId"]) for p in panels(dashboard) for t in p.get("targets", [])]
+    assert len(refs) == len(set(refs))
+    titles = {p["title"] for p in panels(dashboard)}
+    for expected in ("Messages", "Bytes", "Lag by replication", "Processing time quantiles", "Failures",
+                     "Connections", "Advisories by event", "Leader"):
+        assert expected in titles
+
+
+@pytest.mark.parametrize("path", [DASHBOARD, CHART_DASHBOARD], ids=["repo", "chart"])
+def test_dashboard_is_plain_json_without_import_placeholders(path: Path) -> None:
+    text = path.read_text()
+    assert "__inputs" not in text and "${DS_" not in text  # provisioned by the sidecar, not imported
+    json.loads(text)
