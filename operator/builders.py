@@ -28,6 +28,10 @@ DEFAULT_RESOURCES: dict[str, Any] = {
 }
 
 
+class FleetHealthUnavailable(SpecError):
+    """fleetHealth is set but this operator build has no ScheduledSparkApplication builder."""
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     """What the builders need besides the resource: images and the observed Secret keys."""
@@ -238,7 +242,10 @@ def build_pdb(spec: ReplicationSpec) -> dict[str, Any]:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _meta(spec, naming.pdb_name(spec.resource_name)),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": naming.selector_labels(spec.resource_name)}},
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": naming.selector_labels(spec.resource_name)},
+        },
     }
 
 
@@ -260,10 +267,14 @@ def build_service_monitor(spec: ReplicationSpec) -> dict[str, Any]:
     }
 
 
-def build_fleet_health(resource: Mapping[str, Any], spec: ReplicationSpec, options: BuildOptions) -> dict[str, Any]:
+def build_fleet_health(
+    resource: Mapping[str, Any], spec: ReplicationSpec, options: BuildOptions
+) -> dict[str, Any]:
     """The ScheduledSparkApplication from the fleet-health builder, named and labelled like our children."""
     if build_scheduled_spark_application is None:
-        raise SpecError("fleet health is not available in this operator build (no spark_application module)")
+        raise FleetHealthUnavailable(
+            "fleet health is not available in this operator build (no spark_application module)"
+        )
     source = copy.deepcopy(dict(resource))
     fleet = source.setdefault("spec", {}).setdefault("fleetHealth", {})
     if options.spark_image and not fleet.get("image"):
@@ -336,3 +347,21 @@ def tls_problem(keys: Collection[str]) -> str | None:
     if not has_ca and not has_cert:
         return 'keys "ca.crt" or "tls.crt"/"tls.key"'
     return None
+
+
+def contains(live: Any, desired: Any) -> bool:
+    """Whether every field we set is in the live object with our value (server defaults are extra)."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(
+            k in live and contains(live[k], v) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(live) == len(desired) and all(
+            contains(a, b) for a, b in zip(live, desired, strict=True)
+        )
+    return bool(live == desired)
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)

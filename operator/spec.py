@@ -143,7 +143,7 @@ class ReplicationSpec:
 
     @property
     def limiter_state(self) -> str | None:
-        """Sampling state: shared `kv` as soon as more than one worker exists, else a `file` in an emptyDir."""
+        """Sampling state: shared `kv` once more than one worker exists, else a `file` in an emptyDir."""
         if not self.sampling:
             return None
         if self.total_workers > 1:
@@ -174,7 +174,8 @@ def _secret(data: Mapping[str, Any], side: str) -> SecretKeyRef | None:
         return None
     if not ref.get("name"):
         raise SpecError(f"spec.{side}.credentialsSecret.name is required")
-    return SecretKeyRef(name=str(ref["name"]), key=str(ref.get("key") or DEFAULTS[f"{side}.credentialsSecret.key"]))
+    key = ref.get("key") or DEFAULTS[f"{side}.credentialsSecret.key"]
+    return SecretKeyRef(name=str(ref["name"]), key=str(key))
 
 
 def _endpoint(data: Mapping[str, Any], side: Side) -> dict[str, Any]:
@@ -229,7 +230,9 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
     advisory = None
     if data.get("advisory"):
         a = data["advisory"]
-        advisory = Advisory(subject=str(a["subject"]), cluster=_get(data, "advisory.cluster"), age=a.get("age"))
+        advisory = Advisory(
+            subject=str(a["subject"]), cluster=_get(data, "advisory.cluster"), age=a.get("age")
+        )
 
     fleet = None
     if data.get("fleetHealth"):

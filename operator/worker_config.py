@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-
 from replication_operator import naming
 from replication_operator.spec import TLS_CA, TLS_CERT, TLS_KEY, ReplicationSpec, Side, SpecError
+
 from replicator.config import Config
 
 ALL_TLS_KEYS = frozenset({TLS_CA, TLS_CERT, TLS_KEY})

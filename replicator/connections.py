@@ -51,6 +51,8 @@ def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
         "ping_interval": 5,
         "max_outstanding_pings": 3,
         "pending_size": 32 * 1024 * 1024,
+        # Subjects come from JetStream and the config, already valid; validating each costs a regex.
+        "skip_subject_validation": True,
     }
     creds = profile.credentials_for(side)
     if creds:

@@ -288,25 +288,31 @@ class OrderedCopier:
                 puller.last_status = None
                 await self._consumer_trouble(status, text)
                 continue
+            admitted = received_bytes = 0
             while puller.buffer and len(self.window) < self.max_in_flight:
-                await self._admit(puller.buffer.popleft())
+                msg = puller.buffer.popleft()
+                if await self._admit(msg):
+                    admitted += 1
+                    received_bytes += len(msg.data)
+            if admitted:
+                self.ep.metrics.received_msgs.inc(admitted)
+                self.ep.metrics.received_bytes.inc(received_bytes)
             await self._drain()
             now = time.monotonic()
             if now - idle_checks > 1.0:
                 idle_checks = now
                 await self._check_stalled(now)
 
-    async def _admit(self, msg: Msg) -> None:
+    async def _admit(self, msg: Msg) -> bool:
+        """Put a delivered message in the window (and on its way to the target); False if a redelivery."""
         ep = self.ep
         meta = parse_ack_subject(msg.reply)
         seq = meta.stream_seq
         if seq <= self.committed or (self.window and seq <= self.window[-1].seq):
             if meta.delivered > 1 and seq <= self.committed:
                 await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
-            return  # a redelivery of something done or already in the window
+            return False  # a redelivery of something done or already in the window
         m = ep.metrics
-        m.received_msgs.inc()
-        m.received_bytes.inc(len(msg.data))
         m.lag_msgs.set(meta.pending)
         entry = Entry(msg=msg, seq=seq, received=time.monotonic())
         if too_old(ep, meta.timestamp_ns, time.time()):
@@ -321,6 +327,7 @@ class OrderedCopier:
                 await self._send(entry)
             elif self._first_copy() is entry:
                 await self._send_alone(entry)
+        return True
 
     def _first_copy(self) -> Entry | None:
         return next((e for e in self.window if e.copy), None)
@@ -366,6 +373,8 @@ class OrderedCopier:
         m = ep.metrics
         last_done: Entry | None = None
         now = time.monotonic()
+        copied = copied_bytes = 0
+        observe = m.processing_time.observe
         while self.window:
             head = self.window[0]
             if head.copy:
@@ -374,22 +383,29 @@ class OrderedCopier:
                     break
                 err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
                 if err is not None:
+                    self._count_copied(copied, copied_bytes)
                     await self._recover(head, err if isinstance(err, PublishError) else PublishError(str(err)))
                     return
-                m.copied_msgs.inc()
-                m.copied_bytes.inc(len(head.msg.data))
+                copied += 1
+                copied_bytes += len(head.msg.data)
                 if self.blocked_since is not None:
                     log.info("%s target accepts messages again", ep.worker)
                     self.blocked_since = None
                     m.target_blocked.set(0)
             self.window.popleft()
-            m.processing_time.observe(now - head.received)
+            observe(now - head.received)
             last_done = head
+        self._count_copied(copied, copied_bytes)
         if last_done is not None:
             self.committed = last_done.seq
             m.current_sequence.set(last_done.seq)
             self.backoff.reset()
             await ack(ep.source_nc, last_done.msg.reply, m.acks_failed.inc)
+
+    def _count_copied(self, n: int, size: int) -> None:
+        if n:
+            self.ep.metrics.copied_msgs.inc(n)
+            self.ep.metrics.copied_bytes.inc(size)
 
     async def _check_stalled(self, now: float) -> None:
         """A publish whose ack never came (lost in a disconnect) counts as failed."""

@@ -115,7 +115,9 @@ class _Payload:
         return self._doc
 
 
-def _extract(settings: TopicConfig, subject: str, headers: Mapping[str, str] | None, body: _Payload) -> str | None:
+def _extract(
+    settings: TopicConfig, subject: str, headers: Mapping[str, str] | None, body: _Payload
+) -> str | None:
     if settings.inspect:
         doc = body.doc
         if not isinstance(doc, dict):
@@ -165,7 +167,7 @@ class Limiter:
         on_new: Callable[[str], None] | None = None,
     ) -> None:
         if not settings.sampling or not settings.age:
-            raise ValueError("the limiter needs a sampling key (inspect, inspect_header or inspect_subject_token) and age")
+            raise ValueError("the limiter needs a sampling key (inspect, inspect_header, ...) and age")
         self.settings = settings
         self.store = store
         self.metrics = metrics
@@ -196,8 +198,12 @@ class Limiter:
         forced = _flagged(self.settings, headers, body)
         size = len(payload)
         now = self.clock()
+
+        def decide(sender: Sender | None) -> bool:
+            return self.decide(key, sender, now, size, forced)
+
         try:
-            result = await self.store.observe(key, now, size, lambda s: self.decide(key, s, now, size, forced))
+            result = await self.store.observe(key, now, size, decide)
         except Exception:  # stores fail open themselves; this is the last line of defence
             log.exception("limiter state store failed for %r: copying", key)
             self.metrics.limiter_state_errors.inc()

@@ -84,7 +84,7 @@ def render(values: dict[str, Any] | None = None, namespace: str = RELEASE_NAMESP
 
 
 def crds() -> list[dict[str, Any]]:
-    docs = []
+    docs: list[dict[str, Any]] = []
     for crd in chart().crds:
         docs.extend(d for d in yaml.safe_load_all(crd["data"]) if d)
     return docs

@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import json
 import re
+import textwrap
 import tomllib
 from typing import Any
 
 import helm_python as helm
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -148,7 +150,9 @@ def check_custom_kind(obj: dict) -> None:
         assert obj["apiVersion"] == "monitoring.coreos.com/v1"
         spec = obj["spec"]
         assert set(spec) == {"namespaceSelector", "selector", "endpoints"}
-        assert spec["selector"]["matchLabels"] and all(isinstance(v, str) for v in spec["selector"]["matchLabels"].values())
+        assert spec["selector"]["matchLabels"] and all(
+            isinstance(v, str) for v in spec["selector"]["matchLabels"].values()
+        )
         ns = spec["namespaceSelector"]
         assert ns == {"any": True} or (set(ns) == {"matchNames"} and ns["matchNames"])
         for endpoint in spec["endpoints"]:
@@ -203,7 +207,9 @@ def test_streamreplication_crd_is_the_repository_file() -> None:
     shipped = CHART_DIR / "crds" / name
     assert source.is_file(), f"{source} is missing"
     assert shipped.is_file(), f"copy {source.relative_to(REPO)} to {shipped.relative_to(REPO)}"
-    assert shipped.read_bytes() == source.read_bytes(), f"{shipped.relative_to(REPO)} differs from {source.relative_to(REPO)}"
+    assert shipped.read_bytes() == source.read_bytes(), (
+        f"{shipped.relative_to(REPO)} differs from {source.relative_to(REPO)}"
+    )
     crd = yaml.safe_load(shipped.read_text())
     assert crd["metadata"]["name"] == "streamreplications.streamreplicator.io"
     assert any(c["name"].endswith(name) for c in chart().crds)
@@ -274,6 +280,28 @@ def test_operator_arguments(values: dict, scope_args: list[str], peering_arg: st
     assert args[-1] == "--liveness=http://0.0.0.0:8080/healthz"
 
 
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_operator_command_line_accepts_the_rendered_arguments(name: str) -> None:
+    """The real `stream-replicator-operator` argument parser reads what the chart passes."""
+    from replication_operator.main import build_parser
+
+    values = VALUE_SETS[name]
+    c = container(values)
+    assert c["command"] == ["stream-replicator-operator"]
+    args = build_parser().parse_args(c["args"])
+    namespaces = json.loads(json.dumps(values.get("operator", {}).get("namespaces", [])))
+    if not namespaces and values.get("rbac", {}).get("namespaced"):
+        namespaces = [RELEASE_NAMESPACE]
+    assert args.all_namespaces is (not namespaces)
+    assert (args.namespaces or []) == namespaces
+    peering = values.get("peering", {})
+    assert args.standalone is (peering.get("enabled") is False)
+    if not args.standalone:
+        assert args.peering == (peering.get("name") or f"{RELEASE}-stream-replicator")
+    port = values.get("operator", {}).get("healthPort", 8080)
+    assert args.liveness == f"http://0.0.0.0:{port}/healthz"
+
+
 def test_custom_image_and_scheduling() -> None:
     values = copy.deepcopy(VALUE_SETS["custom-image"])
     values.update(VALUE_SETS["scheduling-and-extras"])
@@ -300,8 +328,14 @@ def test_custom_image_and_scheduling() -> None:
 def test_default_worker_and_spark_images_follow_the_operator_image() -> None:
     variables = env(container())
     version = chart().metadata["appVersion"]
-    assert variables["STREAM_REPLICATOR_WORKER_IMAGE"] == f"ghcr.io/stream-replicator/stream-replicator:{version}"
-    assert variables["STREAM_REPLICATOR_SPARK_IMAGE"] == f"ghcr.io/stream-replicator/stream-replicator:{version}-spark"
+    assert (
+        variables["STREAM_REPLICATOR_WORKER_IMAGE"]
+        == f"ghcr.io/stream-replicator/stream-replicator:{version}"
+    )
+    assert (
+        variables["STREAM_REPLICATOR_SPARK_IMAGE"]
+        == f"ghcr.io/stream-replicator/stream-replicator:{version}-spark"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -315,7 +349,10 @@ def granted(objects: list[dict]) -> tuple[dict, dict[str, dict]]:
     cluster: dict = {}
     for binding in find(objects, "ClusterRoleBinding"):
         assert binding["subjects"] == [subject]
-        role = one([o for o in find(objects, "ClusterRole") if o["metadata"]["name"] == binding["roleRef"]["name"]], "ClusterRole")
+        role = one(
+            [o for o in find(objects, "ClusterRole") if o["metadata"]["name"] == binding["roleRef"]["name"]],
+            "ClusterRole",
+        )
         cluster.update(permissions(role["rules"]))
     by_namespace: dict[str, dict] = {}
     for binding in find(objects, "RoleBinding"):
@@ -357,7 +394,10 @@ def test_cluster_rbac_with_listed_namespaces_uses_namespaced_peering() -> None:
 
 
 def test_standalone_needs_no_peering_rights() -> None:
-    for values in ({"peering": {"enabled": False}}, {"peering": {"enabled": False}, "rbac": {"namespaced": True}}):
+    for values in (
+        {"peering": {"enabled": False}},
+        {"peering": {"enabled": False}, "rbac": {"namespaced": True}},
+    ):
         objects = render(values)
         cluster, by_namespace = granted(objects)
         assert not any(group == "kopf.dev" for group, _ in cluster)
@@ -370,9 +410,12 @@ def test_rbac_and_service_account_can_be_external() -> None:
     assert {o["kind"] for o in objects}.isdisjoint(
         {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
     )
-    assert deployment(VALUE_SETS["existing-service-account-no-rbac"])["spec"]["template"]["spec"][
-        "serviceAccountName"
-    ] == "custom-sa"
+    assert (
+        deployment(VALUE_SETS["existing-service-account-no-rbac"])["spec"]["template"]["spec"][
+            "serviceAccountName"
+        ]
+        == "custom-sa"
+    )
 
 
 def test_rbac_rules_live_in_one_helper() -> None:
@@ -416,7 +459,9 @@ def test_service_monitor() -> None:
         "app.kubernetes.io/name": "stream-replicator",
         "app.kubernetes.io/component": "worker",
     }
-    assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
+    assert sm["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
     sm = one(render(VALUE_SETS["service-monitor-namespaced"]), "ServiceMonitor")
     assert sm["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
 
@@ -446,8 +491,36 @@ def test_dashboard_configmap() -> None:
 def test_notes_render() -> None:
     notes = render_files()["stream-replicator/templates/NOTES.txt"]
     assert "all namespaces" in notes and "ClusterKopfPeering" in notes
+    # The example StreamReplication in the notes is valid for the shipped CRD.
+    example = textwrap.dedent(notes.split("<<'YAML'", 1)[1].split("\n", 1)[1].split("YAML\n", 1)[0])
+    resource = yaml.safe_load(example)
+    (crd,) = [c for c in crds() if c["spec"]["names"]["kind"] == resource["kind"]]
+    (version,) = [
+        v for v in crd["spec"]["versions"] if resource["apiVersion"] == f"{crd['spec']['group']}/{v['name']}"
+    ]
+    jsonschema.validate(resource, version["schema"]["openAPIV3Schema"])
     notes = render_files(VALUE_SETS["namespaced-rbac"])["stream-replicator/templates/NOTES.txt"]
     assert "team-a, team-b" in notes and "KopfPeering" in notes
+
+
+def test_every_value_is_documented() -> None:
+    """docs/readme/helm.md names every key of values.yaml (pass-through Kubernetes maps as a whole)."""
+    manual = (REPO / "docs" / "readme" / "helm.md").read_text()
+    whole = {"podSecurityContext", "securityContext", "resources", "metrics.serviceMonitor.selector"}
+
+    def leaves(values: dict[str, Any], prefix: str = "") -> list[str]:
+        keys = []
+        for key, value in values.items():
+            path = prefix + key
+            if isinstance(value, dict) and value and path not in whole:
+                keys.extend(leaves(value, path + "."))
+            else:
+                keys.append(path)
+        return keys
+
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    missing = [key for key in leaves(defaults) if f"`{key}`" not in manual]
+    assert missing == []
 
 
 # --------------------------------------------------------------------------------------------------

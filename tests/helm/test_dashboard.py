@@ -21,7 +21,19 @@ DASHBOARD = REPO / "dashboards" / "stream-replicator.json"
 CHART_DASHBOARD = CHART_DIR / "dashboards" / "stream-replicator.json"
 
 # PromQL keywords that read like identifiers (functions are recognised by their "(").
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset"}
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+}
 IDENT = r"[A-Za-z_:][A-Za-z0-9_:]*"
 
 
@@ -65,14 +77,14 @@ def metric_names(expr: str) -> set[str]:
 
 
 def grouping_labels(expr: str) -> set[str]:
-    labels = set()
+    labels: set[str] = set()
     for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
         labels.update(label.strip() for label in group.split(",") if label.strip())
     return labels
 
 
 def matcher_labels(expr: str) -> set[str]:
-    labels = set()
+    labels: set[str] = set()
     for body in re.findall(r"\{([^}]*)\}", expr):
         labels.update(re.findall(r"(" + IDENT + r")\s*(?:=~|!~|!=|=)", body))
     return labels
@@ -101,13 +113,13 @@ def variable(dashboard: dict, name: str) -> dict:
 
 def test_chart_ships_the_same_dashboard() -> None:
     assert CHART_DASHBOARD.read_bytes() == DASHBOARD.read_bytes(), (
-        "helm/stream-replicator/dashboards/stream-replicator.json differs from dashboards/stream-replicator.json"
+        "the chart's dashboard differs from dashboards/stream-replicator.json: copy it into the chart"
     )
 
 
 def test_expression_parser() -> None:
     expr = (
-        'histogram_quantile(0.9, sum by (le, name) (rate(stream_replicator_processing_time_bucket'
+        "histogram_quantile(0.9, sum by (le, name) (rate(stream_replicator_processing_time_bucket"
         '{name=~"$name", worker=~"$worker"}[$__rate_interval]))) / on (name) group_left x_total offset 5m'
     )
     assert metric_names(expr) == {"stream_replicator_processing_time_bucket", "x_total"}
@@ -183,8 +195,16 @@ def test_dashboard_structure() -> None:
     refs = [(p["id"], t["refId"]) for p in panels(dashboard) for t in p.get("targets", [])]
     assert len(refs) == len(set(refs))
     titles = {p["title"] for p in panels(dashboard)}
-    for expected in ("Messages", "Bytes", "Lag by replication", "Processing time quantiles", "Failures",
-                     "Connections", "Advisories by event", "Leader"):
+    for expected in (
+        "Messages",
+        "Bytes",
+        "Lag by replication",
+        "Processing time quantiles",
+        "Failures",
+        "Connections",
+        "Advisories by event",
+        "Leader",
+    ):
         assert expected in titles
 
 

@@ -213,7 +213,7 @@ def is_ignored(path: str, patterns: list[tuple[bool, str]] | None = None) -> boo
 def context_files(patterns: list[tuple[bool, str]] | None = None) -> list[str]:
     """Files of the repository that `docker build .` would send (.git and .venv are never walked)."""
     patterns = patterns if patterns is not None else ignore_patterns()
-    files = []
+    files: list[str] = []
     for root, dirs, names in os.walk(REPO):
         rel_root = Path(root).relative_to(REPO).as_posix()
         prefix = "" if rel_root == "." else rel_root + "/"

@@ -1,0 +1,130 @@
+"""Copier throughput against NATS's own cross-domain mirror over a leafnode, measured in one run.
+
+Run: `python -m bench.dataplane` (or `make bench`). Every figure is also printed as a ratio to the
+reference of the same payload size, because absolute rates on shared machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from nats.js.api import ExternalStream, StreamConfig, StreamSource
+
+from bench.common import connect, preload, table, time_fill
+from replicator.local_nats import LocalNatsServer
+from tests.support.tcp_proxy import TcpProxy
+
+
+@dataclass
+class Result:
+    name: str
+    size: int
+    count: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds
+
+    @property
+    def mbps(self) -> float:
+        return self.rate * self.size / 1e6
+
+
+async def native_mirror(size: int, count: int, workdir: Path) -> Result:
+    """The reference: a stream on the 'centre' mirroring the 'site' across JetStream domains over a leafnode."""
+    hub = LocalNatsServer(name="hub", store_dir=workdir / "hub", domain="hub", leafnode_listen=True).start()
+    leaf = LocalNatsServer(name="leaf", store_dir=workdir / "leaf", domain="leaf",
+                           leafnode_remote=f"nats://127.0.0.1:{hub.leafnode_port}").start()
+    try:
+        await asyncio.sleep(1.0)  # leafnode connection
+        src = await connect(leaf.url)
+        dst = await connect(hub.url)
+        await preload(src, "FLEET", "fleet", count, size)
+        await dst.jetstream().add_stream(StreamConfig(
+            name="MIRROR", mirror=StreamSource(name="FLEET", external=ExternalStream(api="$JS.leaf.API"))))
+        seconds = await time_fill(dst, "MIRROR", count)
+        await src.close()
+        await dst.close()
+        return Result("native mirror (leafnode)", size, count, seconds)
+    finally:
+        leaf.close()
+        hub.close()
+
+
+async def copier(name: str, size: int, count: int, workdir: Path, *, workers: int = 1, delay: float = 0.0) -> Result:
+    source = LocalNatsServer(name="source", store_dir=workdir / f"src-{name}").start()
+    target = LocalNatsServer(name="target", store_dir=workdir / f"dst-{name}").start()
+    proxies: list[TcpProxy] = []
+    try:
+        src = await connect(source.url)
+        dst = await connect(target.url)
+        await preload(src, "FLEET", "fleet", count, size)
+        source_url, target_url = source.url, target.url
+        if delay:
+            proxies = [await TcpProxy(source.port, delay).start(), await TcpProxy(target.port, delay).start()]
+            source_url, target_url = proxies[0].url, proxies[1].url
+        topic = {"topic": "fleet.>", "source_url": source_url, "target_url": target_url, "name": "bench"}
+        if workers > 1:
+            topic["workers"] = workers
+        config = workdir / f"{name}.yaml"
+        config.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
+        proc = subprocess.Popen([sys.executable, "-m", "replicator", "--config", str(config), "--topic", "bench"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            seconds = await time_fill(dst, "FLEET", count)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        await src.close()
+        await dst.close()
+        return Result(name, size, count, seconds)
+    finally:
+        for proxy in proxies:
+            await proxy.stop()
+        source.close()
+        target.close()
+
+
+async def run(small: int, large: int) -> list[tuple[Result, Result]]:
+    out: list[tuple[Result, Result]] = []
+    with tempfile.TemporaryDirectory(prefix="sr-bench-") as tmp:
+        work = Path(tmp)
+        for size, count in ((512, small), (16 * 1024, large)):
+            ref = await native_mirror(size, count, work / f"ref{size}")
+            out.append((ref, ref))
+            out.append((await copier("ordered copier", size, count, work / f"o{size}"), ref))
+            out.append((await copier("scaled copier (4 workers)", size, count, work / f"s{size}", workers=4), ref))
+            if size == 512:
+                out.append((await copier("ordered copier, 50 ms RTT proxy", size, count, work / "p512",
+                                         delay=0.025), ref))
+    return out
+
+
+def report(results: list[tuple[Result, Result]]) -> str:
+    rows = [
+        (r.name, f"{r.size} B", f"{r.count:,}", f"{r.rate:,.0f}", f"{r.mbps:,.1f}", f"{r.rate / ref.rate:.2f}")
+        for r, ref in results
+    ]
+    return table(("copier", "payload", "messages", "msgs/s", "MB/s", "x mirror"), rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=100_000, help="messages with 512 B payloads")
+    parser.add_argument("--large-messages", type=int, default=10_000, help="messages with 16 KB payloads")
+    args = parser.parse_args(argv)
+    print("Data plane: copier throughput vs NATS's own mirror over a leafnode (same run)")
+    print(report(asyncio.run(run(args.messages, args.large_messages))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""kopf wiring: thin handlers that hand every trigger to the Reconciler.
+
+`register()` builds the handlers into a given registry, so the CLI, the tests and the benchmark
+each run the same handlers with their own settings (e.g. a short timer interval) side by side.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from replication_operator import naming
+from replication_operator.reconciler import Reconciler
+
+RETRY_DELAY = 10.0
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+    config = reconciler.config
+    resource = (naming.GROUP, naming.VERSION, naming.PLURAL)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        """Our own annotation prefix and finalizer name; only warnings from kopf become Events."""
+        settings.persistence.finalizer = naming.FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.KOPF_PREFIX)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=naming.KOPF_PREFIX, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        settings.networking.error_backoffs = [0.5, 1, 2, 4]
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        reconciler.api.settings = settings
+
+    async def apply(body: kopf.Body, reason: kopf.Reason) -> None:
+        outcome = await reconciler.reconcile(body, cause=str(reason))
+        if outcome.retry:
+            raise kopf.TemporaryError("; ".join(p.message for p in outcome.problems), delay=RETRY_DELAY)
+
+    @kopf.on.create(*resource, id="apply-create", registry=registry)
+    async def on_create(body: kopf.Body, reason: kopf.Reason, **_: Any) -> None:
+        await apply(body, reason)
+
+    @kopf.on.update(*resource, id="apply-update", registry=registry)
+    async def on_update(body: kopf.Body, reason: kopf.Reason, **_: Any) -> None:
+        await apply(body, reason)
+
+    @kopf.on.resume(*resource, id="apply-resume", registry=registry)
+    async def on_resume(body: kopf.Body, reason: kopf.Reason, **_: Any) -> None:
+        await apply(body, reason)
+
+    @kopf.timer(*resource, id="status", interval=config.status_interval,
+                initial_delay=config.status_interval, registry=registry)
+    async def on_timer(body: kopf.Body, **_: Any) -> None:
+        await reconciler.tick(body)
+
+    @kopf.on.event(*resource, id="forget", registry=registry)
+    def on_resource_event(type: str, body: kopf.Body, **_: Any) -> None:
+        if type == "DELETED":
+            meta = body["metadata"]
+            reconciler.forget(meta["uid"], meta.get("namespace", ""), meta["name"])
+
+    for kind in naming.CHILD_KINDS:
+        register_child_watch(registry, reconciler, kind)
+
+    @kopf.on.probe(id="resources", registry=registry)
+    def count_resources(**_: Any) -> int:
+        return len(reconciler.memory)
+
+
+def register_child_watch(registry: kopf.OperatorRegistry, reconciler: Reconciler, kind: naming.Kind) -> None:
+    """Watch one child kind (ours only, by label): restore deleted or edited children, follow Deployments."""
+
+    @kopf.on.event(kind.group, kind.version, kind.plural, id=f"child-{kind.plural}",
+                   labels={naming.LABEL_MANAGED_BY: naming.MANAGER}, registry=registry)
+    async def on_child(type: str, body: kopf.Body, **_: Any) -> None:
+        await reconciler.on_child_event(type or "", body)

@@ -1,0 +1,190 @@
+"""Lag, last activity and fleet totals, read from NATS with the resource's own credentials.
+
+The operator has no NATS identity of its own: it connects as the workers do, with the Secrets the
+spec names, so it can only see what the replication itself may see. Secret material stays in
+memory (credentials) or in a private temporary directory removed right after loading (client key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from nats.aio.client import Client, RawCredentials
+from nats.js import api as js_api
+from nats.js.errors import NotFoundError
+from replication_operator.spec import TLS_CA, TLS_CERT, TLS_KEY, Endpoint, ReplicationSpec
+
+from replicator.config import redact_url
+
+SUMMARY_KEY = "summary"
+
+
+class NatsStatusError(Exception):
+    """Why lag or fleet could not be read; safe to show (no secrets, URLs redacted)."""
+
+
+@dataclass(frozen=True)
+class Auth:
+    """Credentials and TLS material for one side, as read from its Secrets."""
+
+    credentials: bytes | None = None
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca or self.cert)
+
+
+def auth_from_secrets(endpoint: Endpoint, secrets: Mapping[str, Mapping[str, bytes]]) -> Auth:
+    """`secrets` maps a Secret name to its data."""
+    creds = None
+    if endpoint.credentials:
+        creds = secrets.get(endpoint.credentials.name, {}).get(endpoint.credentials.key)
+    tls: Mapping[str, bytes] = secrets.get(endpoint.tls_secret, {}) if endpoint.tls_secret else {}
+    return Auth(credentials=creds, ca=tls.get(TLS_CA), cert=tls.get(TLS_CERT), key=tls.get(TLS_KEY))
+
+
+def ssl_context(auth: Auth) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cadata=auth.ca.decode() if auth.ca else None)
+    if auth.cert and auth.key:
+        # load_cert_chain only reads files: a 0700 directory that lives for one call.
+        with tempfile.TemporaryDirectory(prefix="sr-op-") as tmp:
+            os.chmod(tmp, 0o700)
+            cert, key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
+            for path, data in ((cert, auth.cert), (key, auth.key)):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+            ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def connect(url: str, auth: Auth, time_limit: float) -> Client:
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    options: dict[str, Any] = {
+        "servers": servers,
+        "name": "stream-replicator-operator",
+        "connect_timeout": max(1, int(time_limit)),
+        "allow_reconnect": False,
+        "max_reconnect_attempts": 0,
+    }
+    if auth.credentials:
+        options["user_credentials"] = RawCredentials(auth.credentials.decode())
+    if auth.tls or any(s.startswith(("tls://", "wss://")) for s in servers):
+        options["tls"] = ssl_context(auth)
+
+    async def _no_callback(*_: object) -> None:
+        return None
+
+    options["error_cb"] = _no_callback
+    options["disconnected_cb"] = _no_callback
+    try:
+        return await asyncio.wait_for(nats.connect(**options), time_limit)
+    except Exception as err:
+        raise NatsStatusError(f"cannot connect to {redact_url(url)}: {_describe(err)}") from None
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    return text if len(text) < 300 else text[:300] + "..."
+
+
+def _timestamp(value: dt.datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def consumer_fields(info: js_api.ConsumerInfo) -> dict[str, Any]:
+    """`lag` (messages not yet delivered) and `lastActive` (last ack, else last delivery)."""
+    fields: dict[str, Any] = {"lag": int(info.num_pending or 0)}
+    last = None
+    if info.ack_floor and info.ack_floor.last_active:
+        last = info.ack_floor.last_active
+    elif info.delivered and info.delivered.last_active:
+        last = info.delivered.last_active
+    stamp = _timestamp(last)
+    if stamp:
+        fields["lastActive"] = stamp
+    return fields
+
+
+def fleet_fields(raw: bytes) -> dict[str, Any]:
+    """status.fleet from the job's `summary` JSON (totals at the top or under `totals`/`fleet`)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as err:
+        raise NatsStatusError(f"fleet summary is not JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise NatsStatusError("fleet summary is not a JSON object")
+    totals = doc.get("totals") or doc.get("fleet") or doc
+    if not isinstance(totals, dict):
+        raise NatsStatusError("fleet summary has no totals object")
+    fleet: dict[str, Any] = {}
+    for key in ("nodes", "healthy", "timeout", "expired"):
+        if isinstance(totals.get(key), int | float) and not isinstance(totals.get(key), bool):
+            fleet[key] = int(totals[key])
+    if isinstance(totals.get("availability"), int | float):
+        fleet["availability"] = float(totals["availability"])
+    last_run = doc.get("last_run", totals.get("last_run"))
+    if isinstance(last_run, int | float) and not isinstance(last_run, bool):
+        fleet["lastRun"] = _timestamp(dt.datetime.fromtimestamp(float(last_run), dt.UTC))
+    elif isinstance(last_run, str):
+        try:
+            fleet["lastRun"] = _timestamp(dt.datetime.fromisoformat(last_run.replace("Z", "+00:00")))
+        except ValueError:
+            pass
+    return fleet
+
+
+async def read_consumer(spec: ReplicationSpec, auth: Auth, time_limit: float) -> dict[str, Any]:
+    nc = await connect(spec.source.url, auth, time_limit)
+    try:
+        js = nc.jetstream(timeout=time_limit)
+        stream = spec.source.stream
+        try:
+            if not stream:
+                stream = await js.find_stream_name_by_subject(spec.topic)
+            info = await js.consumer_info(stream, spec.consumer_name, timeout=time_limit)
+        except NotFoundError:
+            where = f"stream {stream}" if stream else f"a stream for {spec.topic}"
+            raise NatsStatusError(
+                f"consumer {spec.consumer_name} not found on {where} (not started yet?)"
+            ) from None
+        except Exception as err:
+            raise NatsStatusError(f"cannot read consumer {spec.consumer_name}: {_describe(err)}") from None
+        return consumer_fields(info)
+    finally:
+        await nc.close()
+
+
+async def read_fleet(spec: ReplicationSpec, auth: Auth, time_limit: float) -> dict[str, Any]:
+    assert spec.fleet_health and spec.advisory_endpoint
+    url = spec.fleet_health.url or spec.advisory_endpoint.url
+    nc = await connect(url, auth, time_limit)
+    try:
+        js = nc.jetstream(timeout=time_limit)
+        bucket = spec.fleet_health.kv_bucket
+        try:
+            kv = await js.key_value(bucket)
+            entry = await kv.get(SUMMARY_KEY)
+        except NotFoundError:
+            raise NatsStatusError(f"no fleet summary yet (bucket {bucket}, key {SUMMARY_KEY})") from None
+        except Exception as err:
+            raise NatsStatusError(f"cannot read fleet summary from {bucket}: {_describe(err)}") from None
+        return fleet_fields(entry.value or b"")
+    finally:
+        await nc.close()

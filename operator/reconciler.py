@@ -1,0 +1,447 @@
+"""Level-based reconciliation: build every child, apply what differs, report status and events.
+
+kopf handlers, child watch events and timers all end up here. Work on one resource is serialised
+by a per-resource lock, and every pass recomputes everything from the spec, so the order in which
+triggers arrive never matters. The only memory kept between passes is a cache (what was applied
+last, the last problems and status) that makes child events cheap; a restart rebuilds it on resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import kopf
+from replication_operator import builders, naming, nats_status
+from replication_operator import status as st
+from replication_operator.builders import (
+    BuildOptions,
+    Children,
+    FleetHealthUnavailable,
+    contains,
+    controlled_by,
+)
+from replication_operator.kube import APIError, APINotFoundError, KubeApi, error_text
+from replication_operator.spec import ReplicationSpec, SpecError, parse_spec
+
+log = logging.getLogger("replication_operator")
+
+FLEET_HEALTH_UNAVAILABLE = "FleetHealthUnavailable"
+OPTIONAL_KINDS = (naming.SERVICE_MONITOR, naming.SCHEDULED_SPARK_APPLICATION)
+ChildKey = tuple[str, str, str]  # (plural, namespace, name)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Operator-wide settings; the Helm chart sets them through the environment."""
+
+    worker_image: str = builders.DEFAULT_WORKER_IMAGE
+    spark_image: str | None = None
+    status_interval: float = 30.0
+    resync_interval: float = 300.0
+    nats_timeout: float = 5.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if env is None else env
+        return cls(
+            worker_image=env.get("STREAM_REPLICATOR_WORKER_IMAGE") or builders.DEFAULT_WORKER_IMAGE,
+            spark_image=env.get("STREAM_REPLICATOR_SPARK_IMAGE") or None,
+            status_interval=float(env.get("STREAM_REPLICATOR_STATUS_INTERVAL") or 30),
+            resync_interval=float(env.get("STREAM_REPLICATOR_RESYNC_INTERVAL") or 300),
+            nats_timeout=float(env.get("STREAM_REPLICATOR_NATS_TIMEOUT") or 5),
+        )
+
+
+@dataclass
+class Outcome:
+    problems: list[st.Problem]
+    retry: bool = False  # a transient API failure: worth retrying soon
+
+
+@dataclass
+class _Memory:
+    """What the operator remembers about one resource between passes."""
+
+    problems: list[st.Problem] = field(default_factory=list)
+    posted: tuple[tuple[str, str], ...] = ()
+    observed_generation: int | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+    last_full: float = 0.0
+    nats_errors: dict[str, str] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _key(obj: Mapping[str, Any]) -> ChildKey:
+    meta = obj["metadata"]
+    return (naming.kind_of(dict(obj)).plural, meta["namespace"], meta["name"])
+
+
+def _hash_of(obj: Mapping[str, Any] | None) -> str | None:
+    if not obj:
+        return None
+    if obj.get("kind") == "Deployment":
+        annotations = obj["spec"]["template"]["metadata"].get("annotations") or {}
+        return annotations.get(naming.ANNOTATION_CONFIG_HASH)
+    return None
+
+
+class Reconciler:
+    def __init__(self, config: OperatorConfig | None = None, api: KubeApi | None = None,
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
+        self.config = config or OperatorConfig()
+        self.api = api or KubeApi()
+        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self.memory: dict[str, _Memory] = {}
+        self.desired: dict[ChildKey, dict[str, Any]] = {}
+
+    # ---- bookkeeping ----
+    def _memory(self, uid: str) -> _Memory:
+        if uid not in self.memory:
+            self.memory[uid] = _Memory()
+        return self.memory[uid]
+
+    def forget(self, uid: str, namespace: str, name: str) -> None:
+        """The resource is gone: drop its memory and its children's desired state."""
+        self.memory.pop(uid, None)
+        for key in [k for k, v in self.desired.items() if controlled_by(v, uid)]:
+            self.desired.pop(key, None)
+
+    def _options(self, tls_keys: Mapping[str, frozenset[str]]) -> BuildOptions:
+        return BuildOptions(
+            worker_image=self.config.worker_image, spark_image=self.config.spark_image, tls_keys=tls_keys
+        )
+
+    # ---- the pass ----
+    async def reconcile(self, body: Mapping[str, Any], cause: str = "reconcile") -> Outcome:
+        uid = body["metadata"]["uid"]
+        memory = self._memory(uid)
+        async with memory.lock:
+            return await self._reconcile(body, memory, cause)
+
+    async def _reconcile(self, body: Mapping[str, Any], memory: _Memory, cause: str) -> Outcome:
+        meta = body["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        generation = meta.get("generation")
+        problems: list[st.Problem] = []
+        retry = False
+        deployment: dict[str, Any] | None = None
+        desired_replicas = int((body.get("spec") or {}).get("replicas", 1) or 0)
+
+        spec: ReplicationSpec | None = None
+        try:
+            spec = parse_spec(body)
+            desired_replicas = spec.replicas
+        except SpecError as err:
+            problems.append(st.Problem(st.INVALID_SPEC, str(err)))
+
+        children: Children | None = None
+        if spec is not None:
+            secret_problems, tls_keys = await self._check_secrets(spec)
+            problems.extend(secret_problems)
+            if not secret_problems:
+                try:
+                    children = builders.build_children(body, self._options(tls_keys))
+                except FleetHealthUnavailable as err:
+                    problems.append(st.Problem(FLEET_HEALTH_UNAVAILABLE, str(err)))
+                except SpecError as err:
+                    problems.append(st.Problem(st.INVALID_SPEC, str(err)))
+
+        if children is not None:
+            apply_problems, deployment, retry = await self._apply(body, children, cause)
+            problems.extend(apply_problems)
+        if deployment is None:
+            live = await self._get_quietly(naming.DEPLOYMENT, namespace, naming.deployment_name(name))
+            deployment = live if live and controlled_by(live, uid) else None
+
+        memory.problems = problems
+        memory.observed_generation = generation
+        memory.last_full = time.monotonic()
+        self._post_problems(body, memory, problems)
+        await self._write_status(body, memory, deployment, desired_replicas)
+        return Outcome(problems, retry)
+
+    async def _get_quietly(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.api.get(kind, namespace, name)
+        except (APIError, aiohttp.ClientError, TimeoutError) as err:
+            log.warning("cannot read %s %s/%s: %s", kind.kind, namespace, name, error_text(err))
+            return None
+
+    async def _check_secrets(
+        self, spec: ReplicationSpec
+    ) -> tuple[list[st.Problem], dict[str, frozenset[str]]]:
+        """Every referenced Secret and key exists; returns the TLS Secrets' keys for the config."""
+        problems: list[st.Problem] = []
+        keys: dict[str, frozenset[str]] = {}
+        missing: dict[str, str] = {}  # Secret name -> why it is unusable
+        ns = spec.namespace
+        for need in builders.secret_needs(spec):
+            if need.secret not in keys and need.secret not in missing:
+                try:
+                    secret = await self.api.get(naming.SECRET, ns, need.secret)
+                    if secret is None:
+                        missing[need.secret] = f'not found in namespace "{ns}"'
+                    else:
+                        keys[need.secret] = frozenset((secret.get("data") or {}).keys())
+                except (APIError, aiohttp.ClientError, TimeoutError) as err:
+                    missing[need.secret] = f'cannot be read in namespace "{ns}": {error_text(err)}'
+            if need.secret in missing:
+                what = f' (key "{need.key}")' if need.key else " (TLS)"
+                problems.append(st.Problem(
+                    st.SECRET_MISSING, f'secret "{need.secret}"{what} {missing[need.secret]}'))
+            elif need.key is not None and need.key not in keys[need.secret]:
+                problems.append(st.Problem(
+                    st.SECRET_KEY_MISSING,
+                    f'secret "{need.secret}" has no key "{need.key}" in namespace "{ns}"'))
+            elif need.key is None:
+                lack = builders.tls_problem(keys[need.secret])
+                if lack:
+                    problems.append(st.Problem(
+                        st.SECRET_KEY_MISSING,
+                        f'TLS secret "{need.secret}" lacks {lack} in namespace "{ns}"'))
+        return problems, keys
+
+    async def _apply(
+        self, body: Mapping[str, Any], children: Children, cause: str
+    ) -> tuple[list[st.Problem], dict[str, Any] | None, bool]:
+        meta = body["metadata"]
+        namespace, uid = meta["namespace"], meta["uid"]
+        owner = kopf.Body(dict(body))  # type: ignore[arg-type]
+        problems: list[st.Problem] = []
+        deployment: dict[str, Any] | None = None
+        retry = False
+        for obj in children.objects:
+            kind = naming.kind_of(obj)
+            kopf.adopt(obj, owner=owner)
+            name = obj["metadata"]["name"]
+            label = f"{kind.kind} {name}"
+            try:
+                live = await self.api.get(kind, namespace, name)
+                if live is not None and not controlled_by(live, uid):
+                    problems.append(st.Problem(
+                        st.NAME_CONFLICT, f"{label} exists and is not owned by this StreamReplication"))
+                    continue
+                if kind is naming.DEPLOYMENT:
+                    obj = builders.safe_strategy(obj, live)
+                key = _key(obj)
+                known = self.desired.get(key)
+                self.desired[key] = obj  # before the write: the watch event it causes must match
+                if live is None:
+                    result = await self.api.apply(obj)
+                    if known is not None and cause != "create":
+                        self._event(body, "Normal", "Restored", f"re-created {label} (it was deleted)")
+                    else:
+                        self._event(body, "Normal", "Created", f"created {label}")
+                elif not contains(live, obj):
+                    result = await self.api.apply(obj)
+                    self._event(body, "Normal", *self._update_reason(label, live, obj, known))
+                else:
+                    result = live
+                if kind is naming.DEPLOYMENT:
+                    deployment = result
+            except APINotFoundError as err:
+                self.desired.pop(_key(obj), None)
+                if kind in OPTIONAL_KINDS:
+                    problems.append(st.Problem(
+                        st.CRD_MISSING, f"{kind.kind} is not served by the API ({kind.api_version}): "
+                                        f"install its CRD or turn the feature off"))
+                else:
+                    problems.append(st.Problem(st.APPLY_FAILED, f"{label}: {error_text(err)}"))
+            except APIError as err:
+                self.desired.pop(_key(obj), None)
+                problems.append(st.Problem(st.APPLY_FAILED, f"{label}: {error_text(err)}"))
+                retry = retry or err.status >= 500 or err.status in (409, 429)
+            except (aiohttp.ClientError, TimeoutError) as err:
+                self.desired.pop(_key(obj), None)
+                problems.append(st.Problem(st.APPLY_FAILED, f"{label}: {error_text(err)}"))
+                retry = True
+        for kind, name in children.absent:
+            self.desired.pop((kind.plural, namespace, name), None)
+            live = await self._get_quietly(kind, namespace, name)
+            if live is not None and controlled_by(live, uid):
+                try:
+                    await self.api.delete(kind, namespace, name, uid=live["metadata"].get("uid"))
+                    self._event(body, "Normal", "Deleted", f"deleted {kind.kind} {name} (no longer needed)")
+                except (APIError, aiohttp.ClientError, TimeoutError) as err:
+                    problems.append(st.Problem(
+                        st.APPLY_FAILED, f"deleting {kind.kind} {name}: {error_text(err)}"))
+                    retry = True
+        return problems, deployment, retry
+
+    @staticmethod
+    def _update_reason(label: str, live: Mapping[str, Any], obj: Mapping[str, Any],
+                       known: Mapping[str, Any] | None) -> tuple[str, str]:
+        before, after = _hash_of(live), _hash_of(obj)
+        if before != after:
+            return "Updated", f"updated {label}: config hash {before} -> {after}, rolling the pods"
+        if known is not None and contains(known, obj) and contains(obj, known):
+            return "Reverted", f"put back {label} (changed outside the operator)"
+        return "Updated", f"updated {label}"
+
+    # ---- status and events ----
+    def _event(self, body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        try:
+            kopf.event(body, type=kind, reason=reason, message=message)  # type: ignore[arg-type]
+        except LookupError:  # outside an operator (unit tests, tools): log only
+            pass
+        level = logging.WARNING if kind == "Warning" else logging.INFO
+        meta = body["metadata"]
+        log.log(level, "%s/%s: %s: %s", meta.get("namespace"), meta.get("name"), reason, message)
+
+    def _post_problems(self, body: Mapping[str, Any], memory: _Memory, problems: list[st.Problem]) -> None:
+        """A Warning event per new problem; one Normal event when they are all gone."""
+        current = tuple((p.reason, p.message) for p in problems)
+        if current == memory.posted:
+            return
+        for reason, message in current:
+            if (reason, message) not in memory.posted:
+                self._event(body, "Warning", reason, message)
+        if not current and memory.posted:
+            self._event(body, "Normal", "Recovered", "all problems are resolved")
+        memory.posted = current
+
+    async def _write_status(self, body: Mapping[str, Any], memory: _Memory,
+                            deployment: Mapping[str, Any] | None, desired_replicas: int) -> None:
+        meta = body["metadata"]
+        old = memory.status or dict(body.get("status") or {})
+        new = st.build_status(
+            name=meta["name"],
+            generation=memory.observed_generation,
+            problems=memory.problems,
+            deployment=deployment,
+            desired_replicas=desired_replicas,
+            old_status=old,
+            now=self.clock(),
+        )
+        await self._patch_status(body, memory, old, new)
+
+    async def _patch_status(self, body: Mapping[str, Any], memory: _Memory,
+                            old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        patch = st.status_patch(old, new)
+        memory.status = {**old, **new}
+        if not patch:
+            return
+        meta = body["metadata"]
+        try:
+            await self.api.patch_status(naming.STREAM_REPLICATION, meta["namespace"], meta["name"], patch)
+        except APINotFoundError:
+            return  # deleted meanwhile
+        except (APIError, aiohttp.ClientError, TimeoutError) as err:
+            memory.status = dict(old)  # not written: try again next time
+            log.warning("%s/%s: cannot write status: %s", meta["namespace"], meta["name"], error_text(err))
+
+    # ---- triggers besides the resource's own handlers ----
+    async def _owner(self, namespace: str, name: str) -> dict[str, Any] | None:
+        owner = await self._get_quietly(naming.STREAM_REPLICATION, namespace, name)
+        if owner is None or owner["metadata"].get("deletionTimestamp"):
+            return None
+        return owner
+
+    async def on_child_event(self, event_type: str, child: Mapping[str, Any]) -> None:
+        """A child changed: restore it if deleted or edited; refresh status when it is the Deployment."""
+        meta = child.get("metadata") or {}
+        refs = [r for r in meta.get("ownerReferences") or []
+                if r.get("kind") == naming.KIND and r.get("controller")
+                and str(r.get("apiVersion", "")).startswith(naming.GROUP + "/")]
+        if not refs or not meta.get("namespace"):
+            return
+        owner_name, owner_uid = refs[0]["name"], refs[0].get("uid")
+        key = (naming.kind_of(dict(child)).plural, meta["namespace"], meta["name"])
+        desired = self.desired.get(key)
+        drifted = desired is not None and (event_type == "DELETED" or not contains(child, desired))
+        is_deployment = child.get("kind") == "Deployment" and event_type != "DELETED"
+        if not drifted and not is_deployment:
+            return
+        if owner_uid not in self.memory:
+            return  # not reconciled by this process yet: its resume handler will cover it
+        owner = await self._owner(meta["namespace"], owner_name)
+        if owner is None or owner["metadata"]["uid"] != owner_uid:
+            return
+        if drifted:
+            await self.reconcile(owner, cause="drift")
+        else:
+            memory = self._memory(owner_uid)
+            async with memory.lock:
+                await self._write_status(owner, memory, child, int(
+                    parse_spec_replicas(owner)))
+
+    async def tick(self, body: Mapping[str, Any]) -> None:
+        """The timer: re-check problems and resync now and then, then read NATS."""
+        uid = body["metadata"]["uid"]
+        memory = self._memory(uid)
+        stale = time.monotonic() - memory.last_full >= self.config.resync_interval
+        fixable = any(p.reason != st.INVALID_SPEC for p in memory.problems)
+        if stale or fixable:
+            await self.reconcile(body, cause="resync")
+        await self.refresh_nats(body)
+
+    async def refresh_nats(self, body: Mapping[str, Any]) -> None:
+        """status.lag, status.lastActive and status.fleet from the source consumer and the fleet KV."""
+        try:
+            spec = parse_spec(body)
+        except SpecError:
+            return
+        memory = self._memory(body["metadata"]["uid"])
+        if any(p.reason in (st.SECRET_MISSING, st.SECRET_KEY_MISSING) for p in memory.problems):
+            return
+        fields: dict[str, Any] = {}
+        timeout = self.config.nats_timeout
+        try:
+            auth = await self._auth(spec, spec.source)
+            fields.update(await nats_status.read_consumer(spec, auth, timeout))
+            self._nats_ok(body, memory, "lag")
+        except nats_status.NatsStatusError as err:
+            self._nats_error(body, memory, "lag", "LagUnavailable", str(err))
+        if spec.fleet_health and spec.advisory_endpoint:
+            try:
+                auth = await self._auth(spec, spec.advisory_endpoint)
+                fields["fleet"] = await nats_status.read_fleet(spec, auth, timeout)
+                self._nats_ok(body, memory, "fleet")
+            except nats_status.NatsStatusError as err:
+                self._nats_error(body, memory, "fleet", "FleetUnavailable", str(err))
+        if fields:
+            async with memory.lock:
+                old = memory.status or dict(body.get("status") or {})
+                await self._patch_status(body, memory, old, fields)
+
+    async def _auth(self, spec: ReplicationSpec, endpoint: Any) -> nats_status.Auth:
+        secrets: dict[str, dict[str, bytes]] = {}
+        names = [endpoint.credentials.name if endpoint.credentials else None, endpoint.tls_secret]
+        for secret in filter(None, names):
+            try:
+                data = await self.api.secret_data(spec.namespace, secret)
+            except (APIError, aiohttp.ClientError, TimeoutError) as err:
+                raise nats_status.NatsStatusError(
+                    f'secret "{secret}" cannot be read: {error_text(err)}') from None
+            if data is None:
+                raise nats_status.NatsStatusError(
+                    f'secret "{secret}" not found in namespace "{spec.namespace}"')
+            secrets[secret] = data
+        return nats_status.auth_from_secrets(endpoint, secrets)
+
+    def _nats_error(
+        self, body: Mapping[str, Any], memory: _Memory, what: str, reason: str, message: str
+    ) -> None:
+        if memory.nats_errors.get(what) != message:
+            memory.nats_errors[what] = message
+            self._event(body, "Warning", reason, message)
+
+    def _nats_ok(self, body: Mapping[str, Any], memory: _Memory, what: str) -> None:
+        if memory.nats_errors.pop(what, None) is not None:
+            self._event(body, "Normal", "LagAvailable" if what == "lag" else "FleetAvailable",
+                        f"reading {what} again")
+
+
+def parse_spec_replicas(body: Mapping[str, Any]) -> int:
+    try:
+        return parse_spec(body).replicas
+    except SpecError:
+        return int((body.get("spec") or {}).get("replicas", 1) or 0)

@@ -1,0 +1,206 @@
+"""Status of a StreamReplication: conditions (metav1.Condition shape) from what the operator saw.
+
+Pure: the reconciler gathers the problems and the live Deployment; this module decides what the
+user reads in `kubectl get srep` and `kubectl describe`. `lastTransitionTime` only moves when a
+condition's status flips, so it tells how long a state has lasted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from replication_operator import naming
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+
+# Reasons (CamelCase) and what they mean; docs/readme/operator.md lists them for users.
+SECRET_MISSING = "SecretMissing"  # a referenced Secret does not exist
+SECRET_KEY_MISSING = "SecretKeyMissing"  # the Secret exists, a referenced key does not
+INVALID_SPEC = "InvalidSpec"  # the spec cannot become a valid worker config
+NAME_CONFLICT = "NameConflict"  # a child's name is taken by an object this resource does not own
+CRD_MISSING = "CRDMissing"  # ServiceMonitor / ScheduledSparkApplication asked for, kind not served
+APPLY_FAILED = "ApplyFailed"  # the API refused a child
+ROLLOUT_STUCK = "RolloutStuck"  # the Deployment exceeded its progress deadline
+PODS_UNAVAILABLE = "PodsUnavailable"  # rolled out, but fewer pods ready than desired
+HEALTHY = "Healthy"
+BLOCKED = "Blocked"
+CREATING = "Creating"
+ROLLING_OUT = "RollingOut"
+ROLLOUT_COMPLETE = "RolloutComplete"
+REPLICATING = "Replicating"
+PODS_NOT_READY = "PodsNotReady"
+SCALED_TO_ZERO = "ScaledToZero"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that keeps the spec from being applied; `reason` is the Degraded reason."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The facts of a Deployment's status that the conditions depend on."""
+
+    exists: bool
+    desired: int
+    replicas: int = 0
+    updated: int = 0
+    ready: int = 0
+    observed: bool = False  # the Deployment controller has seen the latest Deployment spec
+    stuck_message: str | None = None
+    completed_before: bool = False  # the controller reported the rollout complete at least once
+
+    @property
+    def complete(self) -> bool:
+        return (
+            self.exists
+            and self.observed
+            and self.updated >= self.desired
+            and self.replicas <= self.desired
+            and self.ready >= self.desired
+        )
+
+
+def rollout_of(deployment: Mapping[str, Any] | None, desired: int) -> Rollout:
+    if not deployment:
+        return Rollout(exists=False, desired=desired)
+    meta = deployment.get("metadata") or {}
+    status = deployment.get("status") or {}
+    generation = meta.get("generation")
+    observed_generation = status.get("observedGeneration")
+    observed = (
+        generation is not None and observed_generation is not None and observed_generation >= generation
+    )
+    stuck = None
+    completed = False
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Progressing":
+            if cond.get("reason") == "ProgressDeadlineExceeded":
+                stuck = str(cond.get("message") or "progress deadline exceeded")
+            completed = cond.get("reason") == "NewReplicaSetAvailable"
+    return Rollout(
+        exists=True,
+        desired=desired,
+        replicas=int(status.get("replicas") or 0),
+        updated=int(status.get("updatedReplicas") or 0),
+        ready=int(status.get("readyReplicas") or 0),
+        observed=observed,
+        stuck_message=stuck,
+        completed_before=completed,
+    )
+
+
+def _cond(kind: str, ok: bool, reason: str, message: str, generation: int | None) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "type": kind, "status": "True" if ok else "False", "reason": reason, "message": message
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def conditions_for(
+    problems: Sequence[Problem], rollout: Rollout, generation: int | None
+) -> list[dict[str, Any]]:
+    """Ready, Progressing and Degraded, without transition times (see `merge_conditions`)."""
+    pods = f"{rollout.ready}/{rollout.desired} pods ready"
+    if problems:
+        reason = problems[0].reason
+        message = "; ".join(p.message for p in problems)
+        running = f" ({rollout.ready} pods of the previous configuration ready)" if rollout.ready else ""
+        return [
+            _cond(READY, False, reason, message + running, generation),
+            _cond(PROGRESSING, False, BLOCKED, f"not applied until fixed: {message}", generation),
+            _cond(DEGRADED, True, reason, message, generation),
+        ]
+    if rollout.stuck_message:
+        degraded = _cond(DEGRADED, True, ROLLOUT_STUCK, rollout.stuck_message, generation)
+    elif rollout.exists and rollout.observed and rollout.completed_before and rollout.ready < rollout.desired:
+        degraded = _cond(DEGRADED, True, PODS_UNAVAILABLE, pods, generation)
+    else:
+        degraded = _cond(DEGRADED, False, HEALTHY, "no problems found", generation)
+
+    if not rollout.exists:
+        progressing = _cond(PROGRESSING, True, CREATING, "creating the worker Deployment", generation)
+    elif rollout.stuck_message:
+        progressing = _cond(PROGRESSING, False, ROLLOUT_STUCK, rollout.stuck_message, generation)
+    elif rollout.complete:
+        progressing = _cond(PROGRESSING, False, ROLLOUT_COMPLETE, pods, generation)
+    else:
+        updated = f"{rollout.updated}/{rollout.desired} pods updated, {pods}"
+        progressing = _cond(PROGRESSING, True, ROLLING_OUT, updated, generation)
+
+    if rollout.desired == 0:
+        ready = _cond(READY, False, SCALED_TO_ZERO, "replicas is 0", generation)
+    elif not rollout.exists:
+        ready = _cond(READY, False, CREATING, "the worker Deployment does not exist yet", generation)
+    elif rollout.ready >= 1:
+        ready = _cond(READY, True, REPLICATING, pods, generation)
+    else:
+        ready = _cond(READY, False, PODS_NOT_READY, pods, generation)
+    return [ready, progressing, degraded]
+
+
+def merge_conditions(
+    old: Iterable[Mapping[str, Any]] | None, new: Iterable[Mapping[str, Any]], now: dt.datetime
+) -> list[dict[str, Any]]:
+    """Keep `lastTransitionTime` while a condition's status stays; stamp `now` when it flips."""
+    previous = {c.get("type"): c for c in (old or [])}
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    merged = []
+    for cond in new:
+        before = previous.get(cond["type"])
+        result = dict(cond)
+        if before and before.get("status") == cond["status"] and before.get("lastTransitionTime"):
+            result["lastTransitionTime"] = before["lastTransitionTime"]
+        else:
+            result["lastTransitionTime"] = stamp
+        merged.append(result)
+    return merged
+
+
+def build_status(
+    *,
+    name: str,
+    generation: int | None,
+    problems: Sequence[Problem],
+    deployment: Mapping[str, Any] | None,
+    desired_replicas: int,
+    old_status: Mapping[str, Any] | None,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The status fields this operator owns, apart from lag/lastActive/fleet (see `nats_status`)."""
+    rollout = rollout_of(deployment, desired_replicas)
+    conditions = merge_conditions(
+        (old_status or {}).get("conditions"), conditions_for(problems, rollout, generation), now
+    )
+    status: dict[str, Any] = {
+        "conditions": conditions,
+        "replicas": rollout.replicas,
+        "readyReplicas": rollout.ready,
+        "selector": naming.selector_string(name),
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def status_patch(old_status: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the top-level status fields that change (empty: nothing to write)."""
+    old = old_status or {}
+    return {k: v for k, v in new.items() if old.get(k) != v}
+
+
+def condition(status: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any] | None:
+    for cond in (status or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None

@@ -1,0 +1,218 @@
+"""Pure DataFrame transforms: advisories -> per-node state -> node, site and fleet tables.
+
+A node's history is folded in (event timestamp, stream sequence) order. The fold is incremental: the
+previous run's state enters as a synthetic first step (its last event, plus the open timeout it
+carries), so a chain of runs gives the same state as one run over everything. An advisory that
+arrives after a later one of the same node was already folded (a lagging site) cannot be appended;
+that node alone is replayed from its stored history instead.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+KEYS = ("replicator", "value")
+HEALTHY, TIMEOUT, EXPIRED = "healthy", "timeout", "expired"
+
+# Per-node state carried between runs (the `nodes` table minus `downtime_seconds`, which needs a clock).
+STATE_COLUMNS = (
+    "replicator",
+    "value",
+    "state",
+    "first_seen",
+    "last_event",
+    "last_event_time",
+    "last_sequence",
+    "timeouts",
+    "recoveries",
+    "expiries",
+    "closed_downtime_seconds",
+    "timeout_since",
+)
+NODE_COLUMNS = (
+    "replicator",
+    "value",
+    "state",
+    "first_seen",
+    "last_event",
+    "last_event_time",
+    "timeouts",
+    "recoveries",
+    "expiries",
+    "downtime_seconds",
+    "timeout_since",
+    "closed_downtime_seconds",
+    "last_sequence",
+)
+COUNT_COLUMNS = ("nodes", "healthy", "timeout", "expired")
+
+
+def new_events(events: DataFrame, seen_ids: DataFrame | None = None) -> DataFrame:
+    """The first occurrence (lowest sequence) of each `event_id` that `seen_ids` does not hold yet."""
+    columns = events.columns
+    first = (
+        events.withColumn("_n", F.row_number().over(Window.partitionBy("event_id").orderBy("sequence")))
+        .where(F.col("_n") == 1)
+        .drop("_n")
+    )
+    if seen_ids is not None:
+        first = first.join(seen_ids.select("event_id"), "event_id", "left_anti")
+    return first.select(*columns)
+
+
+def _event_steps(events: DataFrame) -> DataFrame:
+    event = F.col("event")
+    return events.select(
+        *KEYS,
+        "sequence",
+        "event",
+        "timestamp",
+        F.col("seen").alias("first_seen"),
+        (event == "timeout").cast("long").alias("timeouts"),
+        (event == "recover").cast("long").alias("recoveries"),
+        (event == "expire").cast("long").alias("expiries"),
+        F.lit(0).cast("long").alias("closed"),
+        F.lit(None).cast("long").alias("timeout_since"),
+        F.lit(False).alias("is_seed"),
+    )
+
+
+def _seed_steps(state: DataFrame) -> DataFrame:
+    return state.select(
+        *KEYS,
+        F.col("last_sequence").alias("sequence"),
+        F.col("last_event").alias("event"),
+        F.col("last_event_time").alias("timestamp"),
+        "first_seen",
+        "timeouts",
+        "recoveries",
+        "expiries",
+        F.col("closed_downtime_seconds").alias("closed"),
+        "timeout_since",
+        F.lit(True).alias("is_seed"),
+    )
+
+
+def _state_of(event: Column) -> Column:
+    return (
+        F.when(event.isin("new", "recover"), F.lit(HEALTHY))
+        .when(event == "timeout", F.lit(TIMEOUT))
+        .otherwise(F.lit(EXPIRED))
+    )
+
+
+def _fold(steps: DataFrame) -> DataFrame:
+    """One row per node from its ordered steps; a timeout run lasts until the next non-timeout event."""
+    ordered = Window.partitionBy(*KEYS).orderBy("timestamp", "sequence")
+    upto_here = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    event, prev = F.col("event"), F.col("_prev")
+    starts_run = (event == "timeout") & (prev.isNull() | (prev != "timeout"))
+    steps = (
+        steps.withColumn("_prev", F.lag("event").over(ordered))
+        .withColumn(
+            "_run_start",
+            F.when(F.col("is_seed"), F.col("timeout_since")).when(starts_run, F.col("timestamp")),
+        )
+        .withColumn("_open_since", F.last("_run_start", ignorenulls=True).over(upto_here))
+        .withColumn(
+            "_closed",
+            F.col("closed")
+            + F.when(
+                ~F.col("is_seed") & (event != "timeout") & (prev == "timeout"),
+                F.col("timestamp") - F.col("_open_since"),
+            ).otherwise(F.lit(0)),
+        )
+    )
+    last = F.max_by(
+        F.struct("event", "timestamp", "sequence", "_open_since"), F.struct("timestamp", "sequence")
+    )
+    folded = steps.groupBy(*KEYS).agg(
+        F.min("first_seen").alias("first_seen"),
+        F.sum("timeouts").alias("timeouts"),
+        F.sum("recoveries").alias("recoveries"),
+        F.sum("expiries").alias("expiries"),
+        F.sum("_closed").alias("closed_downtime_seconds"),
+        last.alias("_last"),
+    )
+    last_event = F.col("_last.event")
+    return folded.select(
+        *KEYS,
+        _state_of(last_event).alias("state"),
+        "first_seen",
+        last_event.alias("last_event"),
+        F.col("_last.timestamp").alias("last_event_time"),
+        F.col("_last.sequence").alias("last_sequence"),
+        "timeouts",
+        "recoveries",
+        "expiries",
+        "closed_downtime_seconds",
+        F.when(last_event == "timeout", F.col("_last._open_since")).alias("timeout_since"),
+    )
+
+
+def advance_nodes(previous: DataFrame | None, events: DataFrame, history: DataFrame | None) -> DataFrame:
+    """Node state after `events`, given the state and the events (`history`) of earlier runs.
+
+    `events` must already be deduplicated against `history` (see `new_events`).
+    """
+    if previous is None:
+        return _fold(_event_steps(events))
+    previous = previous.select(*STATE_COLUMNS)
+    e, p = events.alias("e"), previous.alias("p")
+    late = (
+        e.join(p, list(KEYS))
+        .where(
+            F.struct(F.col("e.timestamp"), F.col("e.sequence"))
+            < F.struct(F.col("p.last_event_time"), F.col("p.last_sequence"))
+        )
+        .select(*KEYS)
+        .distinct()
+    )
+    replay = events.join(late, list(KEYS), "left_semi")
+    if history is not None:
+        replay = replay.unionByName(history.select(*events.columns).join(late, list(KEYS), "left_semi"))
+    carried = _seed_steps(previous.join(late, list(KEYS), "left_anti")).unionByName(
+        _event_steps(events.join(late, list(KEYS), "left_anti"))
+    )
+    return _fold(carried).unionByName(_fold(_event_steps(replay)))
+
+
+def node_table(state: DataFrame, now: int) -> DataFrame:
+    """The `nodes` table as of `now` (unix s): an open timeout counts as downtime up to `now`."""
+    still_open = F.greatest(F.lit(0).cast("long"), F.lit(now).cast("long") - F.col("timeout_since"))
+    downtime = F.col("closed_downtime_seconds") + F.when(F.col("state") == TIMEOUT, still_open).otherwise(
+        F.lit(0)
+    )
+    return state.withColumn("downtime_seconds", downtime.cast("long")).select(*NODE_COLUMNS)
+
+
+def _counts() -> list[Column]:
+    state = F.col("state")
+    return [
+        F.count(F.lit(1)).alias("nodes"),
+        F.coalesce(F.sum((state == HEALTHY).cast("long")), F.lit(0)).alias("healthy"),
+        F.coalesce(F.sum((state == TIMEOUT).cast("long")), F.lit(0)).alias("timeout"),
+        F.coalesce(F.sum((state == EXPIRED).cast("long")), F.lit(0)).alias("expired"),
+    ]
+
+
+def _availability() -> Column:
+    """Healthy share of the nodes that are expected to report (expired ones are gone); null if none."""
+    reporting = F.col("healthy") + F.col("timeout")
+    return F.when(reporting > 0, F.col("healthy") / reporting).alias("availability")
+
+
+def site_table(nodes: DataFrame) -> DataFrame:
+    return (
+        nodes.groupBy("replicator")
+        .agg(*_counts())
+        .select("replicator", *COUNT_COLUMNS, _availability())
+        .orderBy("replicator")
+    )
+
+
+def fleet_table(nodes: DataFrame) -> DataFrame:
+    return nodes.agg(F.countDistinct("replicator").alias("sites"), *_counts()).select(
+        "sites", *COUNT_COLUMNS, _availability()
+    )

@@ -1,0 +1,187 @@
+"""The wheel, built from exactly what the Docker build context sends, installed into a clean venv.
+
+No network: the wheel builds without isolation from the running venv's setuptools, and the clean
+venv reaches the third-party dependencies through a .pth line pointing at the running venv's
+site-packages. A directory added by a .pth file has its own .pth files ignored, so the running
+venv's editable install of this project is invisible: the project is imported from the wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from dockerfile_support import REPO, context_files
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+VERSION = PYPROJECT["project"]["version"]
+
+
+def clean_env(keep_pythonpath: bool = False) -> dict[str, str]:
+    drop = {"PYTHONHOME", "VIRTUAL_ENV"} | (set() if keep_pythonpath else {"PYTHONPATH"})
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(
+        PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", PIP_NO_INDEX="1", PYTHONDONTWRITEBYTECODE="1"
+    )
+    return env
+
+
+def check(
+    args: list[str], cwd: Path, timeout: float = 120, keep_pythonpath: bool = False
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        args, cwd=cwd, env=clean_env(keep_pythonpath), capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, f"{args} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def missing_build_backend() -> str | None:
+    """Why the project's build backend (setuptools with bdist_wheel) cannot run offline, if it cannot."""
+    code = (
+        "try:\n"
+        "    from setuptools.command.bdist_wheel import bdist_wheel\n"  # setuptools >= 70.1
+        "except ImportError:\n"
+        "    from wheel.bdist_wheel import bdist_wheel\n"  # older setuptools plus the wheel package
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(keep_pythonpath=True),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode == 0:
+        return None
+    return (
+        "building the wheel offline needs setuptools>=70.1 (or the `wheel` package) in the test venv; "
+        "add it to the `test` extra in pyproject.toml\n" + result.stderr
+    )
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the wheel from a copy of the Docker build context (the builder stage's inputs)."""
+    problem = missing_build_backend()
+    if problem:
+        pytest.fail(problem)
+    root = tmp_path_factory.mktemp("wheel")
+    context = root / "context"
+    for rel in context_files():
+        target = context / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, target)
+    dist = root / "dist"
+    check(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--wheel-dir",
+            str(dist),
+            str(context),
+        ],
+        cwd=root,
+        timeout=300,
+        keep_pythonpath=True,
+    )
+    (built,) = dist.glob("stream_replicator-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean venv with only the wheel installed, and the outer venv's packages reachable."""
+    root = tmp_path_factory.mktemp("venv")
+    venv = root / "venv"
+    check([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=root)
+    python = venv / "bin" / "python"
+    check(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        cwd=root,
+        timeout=300,
+    )
+    purelib = Path(
+        check(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root
+        ).stdout.strip()
+    )
+    outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    (purelib / "_outer_site_packages.pth").write_text("".join(p + "\n" for p in outer))
+    return venv
+
+
+def test_wheel_metadata(wheel: Path) -> None:
+    assert wheel.name == f"stream_replicator-{VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        text = zf.read(entry_points).decode()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        meta = zf.read(metadata).decode()
+    assert "stream-replicator = replicator.cli:main" in text
+    assert "stream-replicator-operator = replication_operator.main:main" in text
+    assert "Provides-Extra: spark" in meta
+    for dependency in PYPROJECT["project"]["dependencies"]:
+        assert f"Requires-Dist: {dependency.split('>')[0].split('=')[0]}" in meta
+
+
+def test_wheel_contents(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    assert "replication_operator/__init__.py" in names
+    assert "replicator/__init__.py" in names and "replicator/py.typed" in names
+    assert not any(n.startswith(("operator/", "tests/", "helm/")) for n in names)
+    assert not any("__pycache__" in n for n in names)
+    # Every source module ships (the package list in pyproject.toml is explicit).
+    for package, folder in (("replicator", "replicator"), ("replication_operator", "operator")):
+        for source in (REPO / folder).rglob("*.py"):
+            if "__pycache__" in source.parts:
+                continue
+            rel = source.relative_to(REPO / folder).as_posix()
+            assert f"{package}/{rel}" in names, f"{folder}/{rel} is not in the wheel"
+    # The advisory JSON Schemas, and the fleet-health app the spark image runs from the install.
+    for schema in (REPO / "replicator" / "schemas").glob("*.json"):
+        assert f"replicator/schemas/{schema.name}" in names
+    if (REPO / "replicator" / "fleet_health" / "app.py").exists():
+        assert "replicator/fleet_health/app.py" in names
+
+
+def test_installed_package_comes_from_the_wheel(venv: Path) -> None:
+    code = (
+        "import json, replicator, replication_operator, yaml, nats; "
+        "print(json.dumps([replicator.__file__, replication_operator.__file__]))"
+    )
+    files = json.loads(check([str(venv / "bin" / "python"), "-c", code], cwd=venv).stdout)
+    for file in files:
+        assert Path(file).resolve().is_relative_to(venv.resolve()), f"{file} is not from the wheel"
+
+
+@pytest.mark.parametrize("script", ["stream-replicator", "stream-replicator-operator"])
+def test_console_scripts_run(venv: Path, script: str) -> None:
+    path = venv / "bin" / script
+    assert path.is_file(), f"the wheel installed no {script} script"
+    result = check([str(path), "--help"], cwd=venv)
+    assert "usage" in (result.stdout + result.stderr).lower()
