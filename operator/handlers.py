@@ -34,21 +34,21 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         settings.watching.client_timeout = 330
         reconciler.api.settings = settings
 
-    async def apply(body: kopf.Body, reason: kopf.Reason) -> None:
+    async def apply(body: kopf.Body, reason: str) -> None:
         outcome = await reconciler.reconcile(body, cause=str(reason))
         if outcome.retry:
             raise kopf.TemporaryError("; ".join(p.message for p in outcome.problems), delay=RETRY_DELAY)
 
     @kopf.on.create(*resource, id="apply-create", registry=registry)
-    async def on_create(body: kopf.Body, reason: kopf.Reason, **_: Any) -> None:
+    async def on_create(body: kopf.Body, reason: str, **_: Any) -> None:
         await apply(body, reason)
 
     @kopf.on.update(*resource, id="apply-update", registry=registry)
-    async def on_update(body: kopf.Body, reason: kopf.Reason, **_: Any) -> None:
+    async def on_update(body: kopf.Body, reason: str, **_: Any) -> None:
         await apply(body, reason)
 
     @kopf.on.resume(*resource, id="apply-resume", registry=registry)
-    async def on_resume(body: kopf.Body, reason: kopf.Reason, **_: Any) -> None:
+    async def on_resume(body: kopf.Body, reason: str, **_: Any) -> None:
         await apply(body, reason)
 
     @kopf.timer(*resource, id="status", interval=config.status_interval,

@@ -530,6 +530,14 @@ class OrderedCopier:
             await self.ep.source_nc.flush(timeout=2)
 
 
+@dataclass(slots=True)
+class InFlight:
+    msg: Msg
+    future: asyncio.Future[None]
+    started: float
+    delivered: int
+
+
 @dataclass
 class ScaledWorker:
     """One of many workers sharing the group's durable: unordered, each message acked on its own."""
@@ -541,7 +549,9 @@ class ScaledWorker:
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
-        self.inflight: deque[tuple[Msg, asyncio.Future[None], float, float]] = deque()
+        self.sent: deque[InFlight] = deque()  # send order, for timeouts
+        self.finished: deque[InFlight] = deque()  # settled by the target, waiting to be acked or nak'ed
+        self.in_flight = 0
         self.max_in_flight = self.ep.profile.settings.max_in_flight
 
     async def run(self) -> None:
@@ -559,9 +569,10 @@ class ScaledWorker:
                         wake=self.wake, api_prefix=ep.api_prefix)
         await puller.start()
         ep.ready(True)
+        last_check = time.monotonic()
         try:
             while not self.stopper.stopping:
-                room = self.max_in_flight - len(self.inflight)
+                room = self.max_in_flight - self.in_flight
                 if room > 0:
                     await puller.request(room)
                 with contextlib.suppress(TimeoutError):
@@ -575,15 +586,28 @@ class ScaledWorker:
                         with contextlib.suppress(Exception):
                             await ensure_group_consumer(ep, self.max_in_flight)
                         puller.reset()
-                while puller.buffer and len(self.inflight) < self.max_in_flight:
-                    await self._admit(puller.buffer.popleft())
-                await self._settle(time.monotonic())
+                received = received_bytes = 0
+                while puller.buffer and self.in_flight < self.max_in_flight:
+                    msg = puller.buffer.popleft()
+                    received += 1
+                    received_bytes += len(msg.data)
+                    await self._admit(msg)
+                if received:
+                    ep.metrics.received_msgs.inc(received)
+                    ep.metrics.received_bytes.inc(received_bytes)
+                await self._settle()
+                now = time.monotonic()
+                if now - last_check > 1.0:
+                    last_check = now
+                    await self._expire(now)
             # Stop: no new work; finish what is in flight.
             puller.buffer.clear()
             deadline = time.monotonic() + PUBLISH_TIMEOUT
-            while self.inflight and time.monotonic() < deadline:
-                await asyncio.wait([f for _, f, _, _ in self.inflight], timeout=0.5)
-                await self._settle(time.monotonic())
+            while self.in_flight and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), 0.5)
+                self.wake.clear()
+                await self._settle()
             with contextlib.suppress(Exception):
                 await ep.source_nc.flush(timeout=2)
         finally:
@@ -595,8 +619,6 @@ class ScaledWorker:
         ep = self.ep
         m = ep.metrics
         meta = parse_ack_subject(msg.reply)
-        m.received_msgs.inc()
-        m.received_bytes.inc(len(msg.data))
         m.lag_msgs.set(meta.pending)
         m.current_sequence.set(meta.stream_seq)
         if too_old(ep, meta.timestamp_ns, time.time()):
@@ -608,44 +630,51 @@ class ScaledWorker:
             return
         headers = self.transform.headers(msg, meta.stream_seq, meta.timestamp_ns)
         fut = await self.publisher.publish(self.transform.rewrite(msg.subject), msg.data, headers)
-        self.inflight.append((msg, fut, time.monotonic(), float(meta.delivered)))
+        item = InFlight(msg, fut, time.monotonic(), meta.delivered)
+        self.sent.append(item)
+        self.in_flight += 1
+        fut.add_done_callback(lambda _f, item=item: self.finished.append(item))
 
-    async def _settle(self, now: float) -> None:
+    async def _settle(self) -> None:
         ep = self.ep
         m = ep.metrics
-        keep: deque[tuple[Msg, asyncio.Future[None], float, float]] = deque()
-        for msg, fut, started, delivered in self.inflight:
-            if not fut.done():
-                if now - started > PUBLISH_TIMEOUT:
-                    fut.cancel()
-                    m.failed_msgs.inc()
-                    await nak(ep.source_nc, msg.reply, 1.0, m.acks_failed.inc)
-                else:
-                    keep.append((msg, fut, started, delivered))
-                continue
-            err = fut.exception() if not fut.cancelled() else PublishError("cancelled")
+        now = time.monotonic()
+        copied = copied_bytes = 0
+        while self.finished:
+            item = self.finished.popleft()
+            self.in_flight -= 1
+            fut = item.future
+            err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
             if err is None:
-                m.copied_msgs.inc()
-                m.copied_bytes.inc(len(msg.data))
-                m.processing_time.observe(now - started)
-                await ack(ep.source_nc, msg.reply, m.acks_failed.inc)
+                copied += 1
+                copied_bytes += len(item.msg.data)
+                m.processing_time.observe(now - item.started)
+                await ack(ep.source_nc, item.msg.reply, m.acks_failed.inc)
                 continue
             m.failed_msgs.inc()
             perr = err if isinstance(err, PublishError) else PublishError(str(err))
-            if is_permanent(perr) and delivered >= POISON_ATTEMPTS:
+            if is_permanent(perr) and item.delivered >= POISON_ATTEMPTS:
                 log.error("%s gave up on a message after %d deliveries: %s (terminated, counted in failed_msgs)",
-                          ep.worker, int(delivered), perr.description)
-                await term(ep.source_nc, msg.reply, m.acks_failed.inc)
-            else:
-                delay = min(0.25 * 2 ** min(delivered, 5), 10.0)
-                if is_target_full(perr):
-                    m.target_blocked.set(1)
-                log.warning("%s publish failed (%s): redelivery in %.1fs", ep.worker, perr.description, delay)
-                await nak(ep.source_nc, msg.reply, delay, m.acks_failed.inc)
-        if len(keep) < len(self.inflight) and all(f.exception() is None for _, f, _, _ in self.inflight
-                                                 if f.done() and not f.cancelled()):
+                          ep.worker, item.delivered, perr.description)
+                await term(ep.source_nc, item.msg.reply, m.acks_failed.inc)
+                continue
+            delay = min(0.25 * 2 ** min(item.delivered, 5), 10.0)
+            if is_target_full(perr):
+                m.target_blocked.set(1)
+            log.warning("%s publish failed (%s): redelivery in %.1fs", ep.worker, perr.description, delay)
+            await nak(ep.source_nc, item.msg.reply, delay, m.acks_failed.inc)
+        if copied:
+            m.copied_msgs.inc(copied)
+            m.copied_bytes.inc(copied_bytes)
             m.target_blocked.set(0)
-        self.inflight = keep
+
+    async def _expire(self, now: float) -> None:
+        """Publishes whose ack never came (lost in a disconnect) fail, and the message is redelivered."""
+        while self.sent and (self.sent[0].future.done() or now - self.sent[0].started > PUBLISH_TIMEOUT):
+            item = self.sent.popleft()
+            if not item.future.done():
+                item.future.cancel()
+        await self._settle()
 
 
 async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:

@@ -289,7 +289,7 @@ def test_operator_command_line_accepts_the_rendered_arguments(name: str) -> None
     c = container(values)
     assert c["command"] == ["stream-replicator-operator"]
     args = build_parser().parse_args(c["args"])
-    namespaces = json.loads(json.dumps(values.get("operator", {}).get("namespaces", [])))
+    namespaces = list(values.get("operator", {}).get("namespaces", []))
     if not namespaces and values.get("rbac", {}).get("namespaced"):
         namespaces = [RELEASE_NAMESPACE]
     assert args.all_namespaces is (not namespaces)
