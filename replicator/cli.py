@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="replication report per topic: streams, consumer, lag, last active")
     p.add_argument("--config", required=True)
     p.add_argument("--topic", action="append", help="only these profiles (repeatable)")
+    from replicator import demo
+
+    demo.add_arguments(sub.add_parser("demo", help="the embedded default: local servers, a fleet, replication, "
+                                                   "advisories and fleet health"))
     return parser
 
 
@@ -85,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     handlers = {"run": _run, "report": _report}
     try:
+        if args.command == "demo":
+            from replicator import demo
+
+            return demo.run_from_args(args)
         return asyncio.run(handlers[args.command](args))
     except ConfigError as err:
         print(f"stream-replicator: config error: {err}", file=sys.stderr)

@@ -86,7 +86,8 @@ async def connect(
         log.warning("%s connection %s error: %s", side, name, _describe(err))
 
     async def disconnected_cb() -> None:
-        log.warning("%s connection %s disconnected from %s", side, name, where)
+        if not stopping():  # a clean shutdown disconnects too: not worth a warning
+            log.warning("%s connection %s disconnected from %s", side, name, where)
         if on_change:
             on_change()
 

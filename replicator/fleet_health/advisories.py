@@ -30,7 +30,10 @@ ADVISORY_FIELDS = StructType(
 )
 
 # A valid advisory as the job keeps it (the `events` table): everything but the constant `$schema`.
-EVENT_COLUMNS = ("sequence", *(f.name for f in ADVISORY_FIELDS.fields if f.name != "$schema"))
+EVENT_SCHEMA = StructType(
+    [StructField("sequence", LongType(), False), *(f for f in ADVISORY_FIELDS.fields if f.name != "$schema")]
+)
+EVENT_COLUMNS = tuple(EVENT_SCHEMA.fieldNames())
 
 
 def _is_valid(a: Column) -> Column:

@@ -23,6 +23,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from replicator.fleet_health.advisories import EVENT_SCHEMA
+
 COMMITTED = "_COMMITTED"
 KEEP_SNAPSHOTS = 2
 _RUN_DIR = re.compile(r"^run=(\d+)$")
@@ -122,7 +124,8 @@ class OutputStore:
         """Events of committed runs only: a crashed run's partition may still be on disk."""
         if not self._runs_under(self.path("events")):
             return None
-        events = self.spark.read.parquet(self.path("events"))
+        schema = StructType([*EVENT_SCHEMA.fields, StructField("run", LongType(), False)])
+        events = self.spark.read.schema(schema).parquet(self.path("events"))
         return events.where(F.col("run") <= F.lit(upto_run)).drop("run")
 
     def write_events(self, run: int, events: DataFrame) -> None:

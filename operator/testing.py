@@ -1,0 +1,196 @@
+"""Run the real operator without a cluster: a kmock API emulator and kopf embedded in one event loop.
+
+Used by the operator tests and `bench/operator_reconcile.py`; needs the `test` extra (kmock).
+kmock's KubernetesEmulator stores objects and serves list/watch/patch, but, unlike an API server,
+stamps no uid, resourceVersion or generation, has no generateName and no status subresource; the
+subclass below adds those, because kopf and the operator rely on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import datetime as dt
+import itertools
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp.web
+import jsonpatch
+import kmock
+import kopf
+from replication_operator import handlers, naming
+from replication_operator.reconciler import OperatorConfig, Reconciler
+
+ALL_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+# (group/version/plural, kind, namespaced, subresources)
+RESOURCES: list[tuple[str, str, bool, set[str]]] = [
+    (f"{naming.GROUP}/{naming.VERSION}/{naming.PLURAL}", naming.KIND, True, {"status", "scale"}),
+    ("v1/configmaps", "ConfigMap", True, set()),
+    ("v1/services", "Service", True, {"status"}),
+    ("v1/secrets", "Secret", True, set()),
+    ("v1/events", "Event", True, set()),
+    ("v1/namespaces", "Namespace", False, {"status"}),
+    ("apps/v1/deployments", "Deployment", True, {"status", "scale"}),
+    ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget", True, {"status"}),
+    ("monitoring.coreos.com/v1/servicemonitors", "ServiceMonitor", True, set()),
+    ("sparkoperator.k8s.io/v1beta2/scheduledsparkapplications", "ScheduledSparkApplication", True,
+     {"status"}),
+    ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, {"status"}),
+]
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386), as the emulator applies dict patches."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(base) if isinstance(base, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge(result.get(key), value)
+    return result
+
+
+class ClusterEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus uid, resourceVersion, generation, creationTimestamp, generateName,
+    and the status subresource's isolation (status only via /status, never via the main object)."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._versions = itertools.count(1)
+        self._with_status: set[tuple[str, str]] = set()
+        for path, kind, namespaced, subresources in RESOURCES:
+            self.resources[path] = kmock.ResourceInfo(
+                kind=kind,
+                singular=kind.lower(),
+                namespaced=namespaced,
+                verbs=set(ALL_VERBS),
+                subresources=subresources,
+                shortnames={"srep"} if kind == naming.KIND else set(),
+            )
+            if "status" in subresources:
+                group_version, plural = path.rsplit("/", 1)
+                self._with_status.add((group_version, plural))
+
+    def _has_status(self, resource: kmock.resource) -> bool:
+        gv = f"{resource.group}/{resource.version}" if resource.group else str(resource.version)
+        return (gv, str(resource.plural)) in self._with_status
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and isinstance(request.data, dict | list):
+            if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+                self._stamp_create(request)
+            elif request.action == kmock.action.UPDATE and request.name is not None:
+                self._stamp_update(request)
+        return await super()._handle(request)
+
+    def _stamp_create(self, request: kmock.Request) -> None:
+        data: dict[str, Any] = request.data
+        meta = data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)
+        if request.namespace and not meta.get("namespace"):
+            meta["namespace"] = request.namespace
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = str(next(self._versions))
+        meta["generation"] = 1
+        meta["creationTimestamp"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert request.resource is not None
+        if self._has_status(request.resource):
+            data.pop("status", None)
+
+    def _stamp_update(self, request: kmock.Request) -> None:
+        assert request.resource is not None
+        key: Any = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return
+        old = self.objects[key].raw
+        version = str(next(self._versions))
+        data = request.data
+        status_only = request.subresource == "status"
+        if isinstance(data, dict):
+            if status_only:
+                for extra in [k for k in data if k != "status"]:
+                    data.pop(extra)
+            elif self._has_status(request.resource):
+                data.pop("status", None)
+            new = _merge(old, data)
+        else:
+            try:
+                new = jsonpatch.apply_patch(copy.deepcopy(old), data)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
+                return  # let the emulator answer the failing patch
+        stamps = {"resourceVersion": version}
+        if not status_only and new.get("spec") != old.get("spec"):
+            stamps["generation"] = int(old.get("metadata", {}).get("generation") or 1) + 1  # type: ignore[assignment]
+        if isinstance(data, dict):
+            data.setdefault("metadata", {}).update(stamps)
+        else:
+            data.extend({"op": "add", "path": f"/metadata/{k}", "value": v} for k, v in stamps.items())
+
+    # ---- conveniences for tests ----
+    def get(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None:  # type: ignore[override]
+        key = (f"{kind.api_version}/{kind.plural}", namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+
+async def wait_for(predicate: Any, within: float = 5.0, interval: float = 0.02) -> Any:
+    """Poll `predicate()` (sync or async) until it returns something truthy; return that."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"condition not met within {within}s")
+        await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def embedded_operator(
+    server: str,
+    *,
+    namespaces: list[str] | None = None,
+    config: OperatorConfig | None = None,
+) -> AsyncIterator[Reconciler]:
+    """The operator's real handlers in this event loop, logged in to `server`; stopped on exit."""
+    registry = kopf.OperatorRegistry()
+    reconciler = Reconciler(config or OperatorConfig())
+    handlers.register(registry, reconciler)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=server, insecure=True)
+
+    settings = kopf.OperatorSettings()
+    ready, stop = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(kopf.operator(
+        registry=registry,
+        settings=settings,
+        standalone=True,
+        namespaces=namespaces or [],
+        clusterwide=not namespaces,
+        ready_flag=ready,
+        stop_flag=stop,
+    ))
+    try:
+        await asyncio.wait_for(ready.wait(), 15)
+        yield reconciler
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(task, 15)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,58 @@
+"""`stream-replicator fleet-health` and the spark-submit application share these arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from replicator.fleet_health.summary import DEFAULT_BUCKET
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True, help="NATS URL(s) of the advisory cluster, comma-separated")
+    parser.add_argument("--stream", required=True, help="the advisory stream")
+    parser.add_argument("--output", required=True, help="Parquet output root: a path or a Hadoop URI (s3a://...)")
+    parser.add_argument("--kv-bucket", default=DEFAULT_BUCKET, help="KV bucket for the summary (%(default)s)")
+    parser.add_argument(
+        "--partitions", type=int, default=2, help="parallel reads of the stream, ideally executors x cores"
+    )
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        help="Spark master (%(default)s); 'submit' leaves it to spark-submit",
+    )
+    parser.add_argument("--credentials", default=None, help="NATS credentials (.creds) file")
+    parser.add_argument("--now", type=int, default=None, help="the run's clock, unix seconds (default: now)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Exit status: 0 done, 1 the run failed (the previous committed state is kept)."""
+    # Imported here: PySpark is an optional dependency and slow to import.
+    from replicator.fleet_health.job import run_fleet_health
+    from replicator.fleet_health.report import format_tables
+
+    if args.partitions < 1:
+        print("fleet-health: --partitions must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        result = run_fleet_health(
+            args.url,
+            args.stream,
+            args.output,
+            kv_bucket=args.kv_bucket,
+            partitions=args.partitions,
+            master=None if args.master == "submit" else args.master,
+            now=args.now,
+            credentials=args.credentials,
+        )
+    except Exception as exc:
+        log.debug("fleet-health failed", exc_info=True)
+        print(f"fleet-health: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result.summary, indent=2) if args.json else format_tables(result))
+    return 0

@@ -1,0 +1,191 @@
+"""One fleet-health run: read new advisories, fold them into the stored state, write tables and summary."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from replicator.fleet_health.advisories import parse_advisories, valid_events
+from replicator.fleet_health.jetstream import StreamBounds, connect, stream_bounds
+from replicator.fleet_health.session import spark_session
+from replicator.fleet_health.source import SOURCE_NAME
+from replicator.fleet_health.store import OutputStore, RunRecord, Snapshot
+from replicator.fleet_health.summary import DEFAULT_BUCKET, build_summary, publish_summary
+from replicator.fleet_health.transforms import advance_nodes, fleet_table, new_events, node_table, site_table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetHealthResult:
+    """What a run did (`read`..`malformed` are this run's, `totals` cover every run) and the tables."""
+
+    run: int
+    run_time: int
+    stream: str
+    output: str
+    kv_bucket: str
+    first_sequence: int | None
+    last_sequence: int
+    read: int
+    events: int
+    duplicates: int
+    malformed: int
+    totals: dict[str, int]
+    fleet: dict[str, Any]
+    sites: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+async def _bounds(url: str, stream: str, credentials: str | None) -> StreamBounds:
+    nc = await connect(url, credentials, name="fleet-health-driver")
+    try:
+        return await stream_bounds(nc, stream)
+    finally:
+        await nc.close()
+
+
+def _read_range(
+    spark: SparkSession, url: str, stream: str, start: int, end: int, partitions: int, credentials: str | None
+) -> DataFrame:
+    reader = (
+        spark.read.format(SOURCE_NAME)
+        .option("url", url)
+        .option("stream", stream)
+        .option("start_seq", str(start))
+        .option("end_seq", str(end))
+        .option("partitions", str(partitions))
+    )
+    if credentials:
+        reader = reader.option("credentials", credentials)
+    return reader.load()
+
+
+def _sequence_range(previous: Snapshot | None, bounds: StreamBounds, stream: str) -> tuple[int, int]:
+    """From just after the last processed sequence to the stream's end, as stored now."""
+    done = previous.last_sequence if previous else 0
+    start = max(done + 1, bounds.first_seq)
+    if start > done + 1 and done:
+        log.warning(
+            "stream %s lost sequences %d..%d before they were read (limits or purge)", stream, done + 1, start - 1
+        )
+    if bounds.last_seq < done:
+        log.warning(
+            "stream %s ends at %d, before the last processed sequence %d: was it recreated?",
+            stream,
+            bounds.last_seq,
+            done,
+        )
+    return start, bounds.last_seq
+
+
+def run_fleet_health(
+    url: str,
+    stream: str,
+    output: str,
+    *,
+    kv_bucket: str = DEFAULT_BUCKET,
+    partitions: int = 2,
+    master: str | None = "local[2]",
+    now: int | None = None,
+    credentials: str | None = None,
+    spark: SparkSession | None = None,
+) -> FleetHealthResult:
+    """Process the advisories appended since the last run; see `docs/readme/fleet-health.md`.
+
+    `spark` (or an already active session) is used and left running; otherwise one is built for
+    `master` (None: whatever spark-submit set) and stopped at the end. `now` (unix s) is the run's clock for downtime.
+    """
+    run_time = int(time.time()) if now is None else int(now)
+    owned = spark is None and SparkSession.getActiveSession() is None
+    session = spark or spark_session(master)
+    cached: list[DataFrame] = []
+    try:
+        store = OutputStore(session, output)
+        previous = store.latest()
+        start, end = _sequence_range(previous, asyncio.run(_bounds(url, stream, credentials)), stream)
+        run = previous.run + 1 if previous else 1
+
+        parsed = parse_advisories(_read_range(session, url, stream, start, end, partitions, credentials)).persist()
+        cached.append(parsed)
+        counts = parsed.agg(
+            F.count(F.lit(1)).alias("read"),
+            F.coalesce(F.sum(F.col("valid").cast("long")), F.lit(0)).alias("valid"),
+            F.min("sequence").alias("first"),
+        ).first()
+        assert counts is not None
+        read, valid = int(counts["read"]), int(counts["valid"])
+
+        history = store.history(previous.run) if previous else None
+        events = new_events(valid_events(parsed), history).persist()
+        cached.append(events)
+        new = events.count()
+        store.write_events(run, events)
+
+        state = advance_nodes(store.state(previous.run) if previous else None, events, history)
+        nodes = store.write_nodes(run, node_table(state, run_time))
+        sites = [row.asDict() for row in site_table(nodes).collect()]
+        fleet_row = fleet_table(nodes).first()
+        assert fleet_row is not None
+        fleet = fleet_row.asDict()
+
+        record = RunRecord(
+            run=run,
+            run_time=run_time,
+            stream=stream,
+            first_sequence=int(counts["first"]) if counts["first"] is not None else None,
+            last_sequence=max(end, previous.last_sequence if previous else 0),
+            read=read,
+            events=new,
+            duplicates=valid - new,
+            malformed=read - valid,
+        )
+        snapshot = Snapshot(run=run, runs=(*(previous.runs if previous else ()), record))
+        store.commit(snapshot)
+        store.publish(run, site_table(nodes), fleet_table(nodes))
+        store.prune(run)
+
+        totals = {
+            "advisories": snapshot.total("events"),
+            "duplicates": snapshot.total("duplicates"),
+            "malformed": snapshot.total("malformed"),
+        }
+        summary = build_summary(
+            stream=stream,
+            run=run,
+            run_time=run_time,
+            last_sequence=record.last_sequence,
+            fleet=fleet,
+            sites=sites,
+            totals=totals,
+        )
+        asyncio.run(publish_summary(url, kv_bucket, summary, credentials))
+        log.info("fleet health run %d: read %d advisories up to sequence %d", run, read, record.last_sequence)
+        return FleetHealthResult(
+            run=run,
+            run_time=run_time,
+            stream=stream,
+            output=output,
+            kv_bucket=kv_bucket,
+            first_sequence=record.first_sequence,
+            last_sequence=record.last_sequence,
+            read=read,
+            events=new,
+            duplicates=record.duplicates,
+            malformed=record.malformed,
+            totals=totals,
+            fleet=fleet,
+            sites=sites,
+            summary=summary,
+        )
+    finally:
+        for df in cached:
+            df.unpersist()
+        if owned:
+            session.stop()

@@ -1,0 +1,88 @@
+"""Sampling keys from each source, update flags, and payloads that must not break anything."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from replicator.sampling import extract_key, is_true, key_spec, splay
+from tests.sampling.helpers import make_profile
+
+
+def settings(**kw: object):  # type: ignore[no-untyped-def]
+    base = {"inspect": None}
+    base.update(kw)
+    return make_profile(**base).settings
+
+
+def test_json_field_top_level_and_nested_path() -> None:
+    top = settings(inspect="sender")
+    assert extract_key(top, "a.b", None, b'{"sender": "n1.example.net"}') == "n1.example.net"
+    nested = settings(inspect="identity.host.fqdn")
+    payload = json.dumps({"identity": {"host": {"fqdn": "n2.example.net"}}}).encode()
+    assert extract_key(nested, "a.b", None, payload) == "n2.example.net"
+    # a literal dotted key wins; list items by index; numbers and booleans become text
+    assert extract_key(nested, "a", None, b'{"identity.host.fqdn": "lit"}') == "lit"
+    assert extract_key(settings(inspect="hosts.1"), "a", None, b'{"hosts": ["x", "y"]}') == "y"
+    assert extract_key(settings(inspect="id"), "a", None, b'{"id": 42}') == "42"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"not json at all",
+        b"\x00\xff\xfe binary \x80",
+        b'{"sender": ',  # truncated
+        b'{"other": "x"}',  # missing field
+        b'["sender", "x"]',  # not an object
+        b'"sender"',
+        b"null",
+        b"",
+        b'{"sender": null}',
+        b'{"sender": ""}',
+        b'{"sender": {"nested": "object"}}',
+        b'{"sender": ["a"]}',
+        b"[" * 100_000,  # deeper than the parser allows
+    ],
+)
+def test_unusable_payloads_have_no_key(payload: bytes) -> None:
+    assert extract_key(settings(inspect="sender"), "acme.cmdb", None, payload) is None
+
+
+def test_header_key_exact_then_case_insensitive() -> None:
+    s = settings(inspect_header="Sr-Sender")
+    assert extract_key(s, "x", {"Sr-Sender": "n1"}, b"\x00binary") == "n1"
+    assert extract_key(s, "x", {"sr-sender": "n2"}, b"") == "n2"
+    assert extract_key(s, "x", {"Other": "n3"}, b"") is None
+    assert extract_key(s, "x", None, b"") is None
+    assert extract_key(s, "x", {"Sr-Sender": ""}, b"") is None
+
+
+def test_subject_token_is_one_based() -> None:
+    s = settings(inspect_subject_token=3)
+    assert extract_key(s, "fleet.registration.n1-example-net.cmdb", None, b"") == "n1-example-net"
+    assert extract_key(s, "fleet.registration", None, b"") is None
+
+
+def test_key_spec_names_the_source() -> None:
+    assert key_spec(settings(inspect="host.fqdn")) == "host.fqdn"
+    assert key_spec(settings(inspect_header="Sender")) == "header:Sender"
+    assert key_spec(settings(inspect_subject_token=3)) == "token:3"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(True, True), ("true", True), ("TRUE", True), ("yes", True), ("1", True), (" yes ", True),
+     (False, False), ("false", False), ("no", False), ("0", False), ("", False), (None, False),
+     (0, False), ({}, False), ("updated", False)],
+)
+def test_update_flag_must_say_yes(value: object, expected: bool) -> None:
+    assert is_true(value) is expected
+
+
+def test_splay_is_deterministic_and_within_ten_percent() -> None:
+    values = [splay(f"node-{n}", 100.0) for n in range(2000)]
+    assert values == [splay(f"node-{n}", 100.0) for n in range(2000)]
+    assert all(0 <= v < 10.0 for v in values)
+    assert max(values) > 9.0 and min(values) < 1.0  # actually spread, not one constant
