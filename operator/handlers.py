@@ -6,6 +6,7 @@ each run the same handlers with their own settings (e.g. a short timer interval)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -53,8 +54,24 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
 
     @kopf.timer(*resource, id="status", interval=config.status_interval,
                 initial_delay=config.status_interval, registry=registry)
-    async def on_timer(body: kopf.Body, **_: Any) -> None:
-        await reconciler.tick(body)
+    async def on_timer(body: kopf.Body, **kwargs: Any) -> None:
+        """Give up a slow NATS read when the resource goes or the operator stops: kopf waits for
+        timers before it releases the finalizer or exits."""
+        stopped: kopf.DaemonStopped = kwargs["stopped"]
+
+        async def halted() -> None:
+            await stopped.wait()
+
+        tick = asyncio.create_task(reconciler.tick(body))
+        halt = asyncio.create_task(halted())
+        try:
+            await asyncio.wait({tick, halt}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (tick, halt):
+                task.cancel()
+            await asyncio.gather(tick, halt, return_exceptions=True)
+        if tick.done() and not tick.cancelled() and tick.exception():
+            raise tick.exception()  # type: ignore[misc]
 
     @kopf.on.event(*resource, id="forget", registry=registry)
     def on_resource_event(type: str, body: kopf.Body, **_: Any) -> None:

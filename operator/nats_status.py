@@ -76,8 +76,10 @@ async def connect(url: str, auth: Auth, time_limit: float) -> Client:
         "servers": servers,
         "name": "stream-replicator-operator",
         "connect_timeout": max(1, int(time_limit)),
+        # One attempt per server, then NoServersError (0 would mean "retry this pool for ever").
         "allow_reconnect": False,
-        "max_reconnect_attempts": 0,
+        "max_reconnect_attempts": 1,
+        "reconnect_time_wait": 0.1,
     }
     if auth.credentials:
         options["user_credentials"] = RawCredentials(auth.credentials.decode())
@@ -123,14 +125,15 @@ def consumer_fields(info: js_api.ConsumerInfo) -> dict[str, Any]:
 
 
 def fleet_fields(raw: bytes) -> dict[str, Any]:
-    """status.fleet from the job's `summary` JSON (totals at the top or under `totals`/`fleet`)."""
+    """status.fleet from the fleet-health job's `summary` (replicator/fleet_health/summary.py):
+    totals under `fleet` (or at the top), `last_run` in unix seconds or RFC 3339."""
     try:
         doc = json.loads(raw)
     except ValueError as err:
         raise NatsStatusError(f"fleet summary is not JSON: {err}") from None
     if not isinstance(doc, dict):
         raise NatsStatusError("fleet summary is not a JSON object")
-    totals = doc.get("totals") or doc.get("fleet") or doc
+    totals = doc.get("fleet") or doc.get("totals") or doc
     if not isinstance(totals, dict):
         raise NatsStatusError("fleet summary has no totals object")
     fleet: dict[str, Any] = {}

@@ -15,7 +15,7 @@ import datetime as dt
 import itertools
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -64,6 +64,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._versions = itertools.count(1)
+        self._last_version = 0
         self._with_status: set[tuple[str, str]] = set()
         for path, kind, namespaced, subresources in RESOURCES:
             self.resources[path] = kmock.ResourceInfo(
@@ -77,6 +78,30 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             if "status" in subresources:
                 group_version, plural = path.rsplit("/", 1)
                 self._with_status.add((group_version, plural))
+
+    def _next_version(self) -> str:
+        self._last_version = next(self._versions)
+        return str(self._last_version)
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        """Lists carry the current resourceVersion, so a watch can start right after them."""
+        result: Any = await super()._serve_list(request)  # type: ignore[misc]
+        result["metadata"]["resourceVersion"] = str(self._last_version)
+        return result
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        """Like an API server, a watch from resourceVersion N sends no events the list already had.
+
+        kmock replays every object as ADDED on each watch; kopf takes such a stale replay after its
+        own patch as a conflict it then never resolves.
+        """
+        since = request.params.get("resourceVersion", "")
+        async for event in super()._serve_watch(request):  # type: ignore[misc]
+            if since.isdigit() and isinstance(event, dict) and event.get("type") in ("ADDED", "MODIFIED"):
+                version = str((event.get("object") or {}).get("metadata", {}).get("resourceVersion", ""))
+                if version.isdigit() and int(version) <= int(since):
+                    continue
+            yield event
 
     def _has_status(self, resource: kmock.resource) -> bool:
         gv = f"{resource.group}/{resource.version}" if resource.group else str(resource.version)
@@ -98,7 +123,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if request.namespace and not meta.get("namespace"):
             meta["namespace"] = request.namespace
         meta["uid"] = str(uuid.uuid4())
-        meta["resourceVersion"] = str(next(self._versions))
+        meta["resourceVersion"] = self._next_version()
         meta["generation"] = 1
         meta["creationTimestamp"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         assert request.resource is not None
@@ -111,7 +136,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if key not in self.objects or self.objects[key].deleted:
             return
         old = self.objects[key].raw
-        version = str(next(self._versions))
+        version = self._next_version()
         data = request.data
         status_only = request.subresource == "status"
         if isinstance(data, dict):
@@ -124,6 +149,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         else:
             try:
                 new = jsonpatch.apply_patch(copy.deepcopy(old), data)
+            except jsonpatch.JsonPatchTestFailed as err:
+                # An API server answers a failed `test` (kopf's resourceVersion check) with 422,
+                # which kopf takes as "retry on the next event"; kmock would answer 500.
+                raise kmock.KubernetesError(status=422, reason="Invalid", message=str(err)) from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException):
                 return  # let the emulator answer the failing patch
         stamps = {"resourceVersion": version}
@@ -136,7 +165,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     # ---- conveniences for tests ----
     def get(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None:  # type: ignore[override]
-        key = (f"{kind.api_version}/{kind.plural}", namespace, name)
+        key = (kmock.resource(kind.group, kind.version, kind.plural), namespace, name)
         if key not in self.objects or self.objects[key].deleted:
             return None
         return copy.deepcopy(self.objects[key].raw)
@@ -156,6 +185,31 @@ async def wait_for(predicate: Any, within: float = 5.0, interval: float = 0.02) 
         await asyncio.sleep(interval)
 
 
+class _ForeignTasks(Collection["asyncio.Task[Any]"]):
+    """Tasks kopf must not stop when it exits: it assumes every task created after its start is
+    its own, but here the emulator's request handlers and the test's own tasks share the loop."""
+
+    def __init__(self, existing: set[asyncio.Task[Any]]) -> None:
+        self.known = set(existing)
+
+    def add(self, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self.known.add(task)
+
+    def __contains__(self, task: object) -> bool:
+        if task in self.known:
+            return True
+        coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+        code = getattr(coro, "cr_code", None)
+        return bool(code and "aiohttp" in code.co_filename and "web_" in code.co_filename)
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter(self.known)
+
+    def __len__(self) -> int:
+        return len(self.known)
+
+
 @contextlib.asynccontextmanager
 async def embedded_operator(
     server: str,
@@ -163,7 +217,11 @@ async def embedded_operator(
     namespaces: list[str] | None = None,
     config: OperatorConfig | None = None,
 ) -> AsyncIterator[Reconciler]:
-    """The operator's real handlers in this event loop, logged in to `server`; stopped on exit."""
+    """The operator's real handlers in this event loop, logged in to `server`; stopped on exit.
+
+    Cluster-wide by default: kmock cannot list namespaces (`/api/v1/namespaces` breaks its path
+    parser), which kopf does for namespace-restricted operators.
+    """
     registry = kopf.OperatorRegistry()
     reconciler = Reconciler(config or OperatorConfig())
     handlers.register(registry, reconciler)
@@ -172,25 +230,28 @@ async def embedded_operator(
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=server, insecure=True)
 
-    settings = kopf.OperatorSettings()
+    foreign = _ForeignTasks(set(asyncio.all_tasks()))
     ready, stop = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(kopf.operator(
+    tasks = await kopf.spawn_tasks(
         registry=registry,
-        settings=settings,
+        settings=kopf.OperatorSettings(),
         standalone=True,
         namespaces=namespaces or [],
         clusterwide=not namespaces,
         ready_flag=ready,
         stop_flag=stop,
-    ))
+    )
+    runner = asyncio.create_task(kopf.run_tasks(tasks, ignored=foreign))
+    foreign.add(runner)
     try:
         await asyncio.wait_for(ready.wait(), 15)
         yield reconciler
     finally:
+        foreign.add(asyncio.current_task())
         stop.set()
         try:
-            await asyncio.wait_for(task, 15)
+            await asyncio.wait_for(runner, 15)
         except TimeoutError:
-            task.cancel()
+            runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await runner

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import nats
+import nats.errors
 from nats.aio.client import Client
 
 from replicator.config import Profile, TLSConfig, redact_url
@@ -64,6 +66,56 @@ def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
     return opts
 
 
+class _Client(Client):
+    """nats-py's client, refusing to send CONNECT (and so credentials) in plaintext when TLS is configured.
+
+    nats-py upgrades to TLS only when the server's INFO asks for it: a server without TLS, or a man
+    in the middle posing as one, would otherwise get the user, password or token in the clear.
+    """
+
+    require_tls = False
+
+    def _connect_command(self) -> bytes:
+        server = self._current_server
+        plain = server is not None and server.uri.scheme in ("nats", "tls")
+        if self.require_tls and plain and not self.options.get("tls_handshake_first"):
+            if not (self._server_info or {}).get("tls_required"):
+                raise nats.errors.Error(f"nats: {PLAINTEXT_REFUSED}")
+        return super()._connect_command()
+
+
+PLAINTEXT_REFUSED = "TLS is configured but the server does not offer TLS (refusing to connect in plaintext)"
+_TRANSIENT_SSL = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError,
+                  ssl.SSLSyscallError)
+_CREDENTIAL_HINTS = ("authorization violation", "authentication expired", "authentication revoked")
+
+
+def permanent_reason(err: BaseException) -> str | None:
+    """Why retrying cannot help (certificates, credentials, a TLS downgrade), or None if it might.
+
+    Used only for the first connect: a process whose certificate expired or whose password is wrong
+    must fail at start with one clear line, not retry in silence forever.
+    """
+    if isinstance(err, ssl.SSLCertVerificationError):
+        detail = err.verify_message or err.reason or str(err)
+        return f"TLS: cannot verify the server's certificate ({detail}); check the CA (tls.ca / ssl_dir)"
+    if isinstance(err, ssl.SSLError) and not isinstance(err, _TRANSIENT_SSL):
+        reason = (err.reason or str(err)).lower().replace("_", " ")
+        if "alert" in reason:  # the server ended the handshake, e.g. "sslv3 alert certificate expired"
+            alert = reason.split("alert", 1)[1].strip()
+            if "certificate" in alert or alert.endswith(" ca"):
+                return f"TLS: the server rejected our client certificate ({alert}); check tls.cert / tls.key"
+            return f"TLS: the server refused the handshake ({alert})"
+        return f"TLS handshake failed ({reason})"
+    text = str(err).lower()
+    if PLAINTEXT_REFUSED.lower() in text:
+        return PLAINTEXT_REFUSED
+    if any(hint in text for hint in _CREDENTIAL_HINTS):
+        return ("the server refused the credentials (authorization violation); check the URL's "
+                "user/password or token, or the credentials file")
+    return None
+
+
 async def connect(
     profile: Profile,
     side: Side,
@@ -73,58 +125,110 @@ async def connect(
     stopping: Callable[[], bool] = lambda: False,
     on_change: Callable[[], None] | None = None,
 ) -> Client:
-    """Connect, retrying the first connect with backoff until it works or we are stopping.
+    """Connect, retrying the first connect until it works, is hopeless, or we are stopping.
 
-    Later disconnects are handled by the client's own reconnect loop (forever).
+    nats-py retries a first connect forever by itself (we ask it to reconnect forever), reporting
+    each failure only to `error_cb`. So failures are judged there: certificate, TLS and credential
+    problems (on every configured server) end the attempt with a `ConnectError` naming the side and
+    the problem; anything else (refused, timeouts, a server still starting) keeps retrying. A stop
+    request also ends the attempt. Later disconnects are handled by the client's own reconnect loop.
     """
-    opts = connect_options(profile, side, name)
-    where = ", ".join(redact_url(u) for u in opts["servers"])
-
-    async def error_cb(err: Exception) -> None:
-        if metrics:
-            metrics.errors.inc()
-        log.warning("%s connection %s error: %s", side, name, _describe(err))
-
-    async def disconnected_cb() -> None:
-        if not stopping():  # a clean shutdown disconnects too: not worth a warning
-            log.warning("%s connection %s disconnected from %s", side, name, where)
-        if on_change:
-            on_change()
-
-    async def reconnected_cb() -> None:
-        if metrics:
-            metrics.reconnections.inc()
-        log.info("%s connection %s reconnected", side, name)
-        if on_change:
-            on_change()
-
-    async def closed_cb() -> None:
-        if metrics:
-            metrics.closed.inc()
-        if on_change:
-            on_change()
-
+    attempt = _FirstConnect(profile, side, name, metrics, on_change)
     delay = 0.5
     while True:
+        nc = await attempt.run(stopping)
+        if nc is not None:
+            return nc
+        if stopping():
+            raise ConnectError(f"{side} connection to {attempt.where}: stopped before connecting")
+        await asyncio.sleep(delay * (0.75 + random.random() / 2))
+        delay = min(delay * 2, 10.0)
+
+
+class _FirstConnect:
+    """One profile side's connection: callbacks for its whole life, judgement of its first connect."""
+
+    def __init__(self, profile: Profile, side: Side, name: str, metrics: WorkerMetrics | None,
+                 on_change: Callable[[], None] | None) -> None:
+        self.opts = connect_options(profile, side, name)
+        self.where = ", ".join(redact_url(u) for u in self.opts["servers"])
+        self.require_tls = profile.tls_for(side) is not None
+        self.side, self.name, self.metrics, self.on_change = side, name, metrics, on_change
+        self.connected = False
+        self.permanent = 0
+        self.fatal: asyncio.Future[str] | None = None
+
+    async def run(self, stopping: Callable[[], bool]) -> Client | None:
+        """The connected client; None if nats-py gave up by itself (retry); ConnectError if hopeless."""
+        nc = _Client()
+        nc.require_tls = self.require_tls
+        self.permanent = 0
+        self.fatal = fatal = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(nc.connect(
+            **self.opts, error_cb=self.error_cb, disconnected_cb=self.disconnected_cb,
+            reconnected_cb=self.reconnected_cb, closed_cb=self.closed_cb,
+        ))
         try:
-            return await nats.connect(
-                **opts, error_cb=error_cb, disconnected_cb=disconnected_cb,
-                reconnected_cb=reconnected_cb, closed_cb=closed_cb,
-            )
-        except ssl.SSLError as err:
-            raise ConnectError(f"{side} TLS handshake with {where} failed: {err.reason or err}") from None
-        except Exception as err:  # noqa: BLE001 - any failure to connect is retried the same way
-            text = _describe(err)
-            if "authorization" in text.lower() or "authentication" in text.lower():
-                log.error("%s %s refused the credentials: %s (retrying)", side, where, text)
-            else:
-                log.warning("%s connection to %s failed: %s (retrying in %.1fs)", side, where, text, delay)
-            if metrics:
-                metrics.errors.inc()
-            if stopping():
-                raise ConnectError(f"{side} connection to {where} failed: {text}") from None
-            await asyncio.sleep(delay * (0.75 + random.random() / 2))
-            delay = min(delay * 2, 10.0)
+            while not task.done():
+                await asyncio.wait({task, fatal}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    break
+                if fatal.done():
+                    raise ConnectError(f"{self.side} connection to {self.where} failed: {fatal.result()}")
+                if stopping():
+                    raise ConnectError(f"{self.side} connection to {self.where}: stopped before connecting")
+        except BaseException:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise
+        err = task.exception()
+        if err is None:
+            self.connected = True
+            return nc
+        with contextlib.suppress(Exception):
+            await nc.close()
+        reason = permanent_reason(err)
+        if reason is not None:
+            raise ConnectError(f"{self.side} connection to {self.where} failed: {reason}") from None
+        if self.metrics:
+            self.metrics.errors.inc()
+        log.warning("%s connection to %s failed: %s (retrying)", self.side, self.where, _describe(err))
+        return None
+
+    async def error_cb(self, err: Exception) -> None:
+        if self.metrics:
+            self.metrics.errors.inc()
+        reason = None if self.connected else permanent_reason(err)
+        if reason is None:
+            log.warning("%s connection %s error: %s", self.side, self.name, _describe(err))
+            return
+        self.permanent += 1
+        if self.permanent == 1:
+            log.error("%s connection %s to %s: %s", self.side, self.name, self.where, reason)
+        # Every configured server said so (nats-py walks the list in turn): retrying cannot help.
+        if self.permanent >= len(self.opts["servers"]) and self.fatal is not None and not self.fatal.done():
+            self.fatal.set_result(reason)
+
+    async def disconnected_cb(self) -> None:
+        log.warning("%s connection %s disconnected from %s", self.side, self.name, self.where)
+        if self.on_change:
+            self.on_change()
+
+    async def reconnected_cb(self) -> None:
+        if self.metrics:
+            self.metrics.reconnections.inc()
+        log.info("%s connection %s reconnected", self.side, self.name)
+        if self.on_change:
+            self.on_change()
+
+    async def closed_cb(self) -> None:
+        if self.metrics:
+            self.metrics.closed.inc()
+        if self.on_change:
+            self.on_change()
 
 
 def _describe(err: BaseException) -> str:

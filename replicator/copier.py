@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 PUBLISH_TIMEOUT = 5.0
 ACK_WAIT = 30.0
 POISON_ATTEMPTS = 5
+EXPECTED_PREFIX = "Nats-Expected-"
 
 
 class Decider(Protocol):
@@ -135,7 +136,13 @@ class Backoff:
 
 
 class MessageTransform:
-    """Source message -> target subject and headers: original headers kept, provenance and msg id added."""
+    """Source message -> target subject and headers: original headers kept, provenance and msg id added.
+
+    `Nats-Expected-*` headers are dropped: they were the publisher's conditions on the source stream
+    (expected stream name, last sequence, last msg id), already enforced when the message was
+    stored there. Evaluated again against the target they fail (another name, other sequences) and
+    the copy could never land; the previous hop's own chain header is one of them.
+    """
 
     def __init__(self, ep: Endpoints) -> None:
         self.rewrite = SubjectRewriter(ep.profile.settings)
@@ -145,6 +152,9 @@ class MessageTransform:
 
     def headers(self, msg: Msg, seq: int, ts_ns: int) -> dict[str, str]:
         headers = dict(msg.headers) if msg.headers else {}
+        if headers:
+            for key in [k for k in headers if k.startswith(EXPECTED_PREFIX)]:
+                del headers[key]
         headers[PROVENANCE] = provenance(self.source_stream, seq, self.name, ts_ns)
         if MSG_ID not in headers:
             headers[MSG_ID] = f"{self.id_prefix}{seq}"

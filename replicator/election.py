@@ -112,11 +112,14 @@ class LeaderElection:
         self._callbacks.append(cb)
 
     async def wait_leader(self) -> None:
-        """Returns once elected (at once when leading)."""
+        """Returns once elected (at once when leading) and the on_change callbacks have run."""
         while not self.is_leader:
             await self._elected.wait()
             if not self.is_leader:
                 await asyncio.sleep(0.05)
+        if self._notifier is not None and not self._notifier.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._notifier)
 
     async def wait_lost(self) -> None:
         """Returns once leadership is lost (at once when not leading), at the latest by the

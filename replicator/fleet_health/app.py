@@ -1,6 +1,7 @@
-"""The spark-submit application: `spark-submit replicator/fleet_health/app.py --url ... --stream ... --output ...`.
+"""The spark-submit application (what the ScheduledSparkApplication runs).
 
-The master comes from spark-submit (the Spark operator), so it defaults to `submit` here.
+`spark-submit replicator/fleet_health/app.py --url ... --stream ... --output ...`: the master comes
+from spark-submit (the Spark operator), so `--master` defaults to `submit` here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from replicator.fleet_health.cli import add_arguments, run_from_args
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="fleet-health", description="Aggregate advisories into fleet health.")
+    parser = argparse.ArgumentParser(
+        prog="fleet-health", description="Aggregate advisories into fleet health."
+    )
     add_arguments(parser)
     parser.set_defaults(master="submit")
     return run_from_args(parser.parse_args(argv))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import NotFoundError
 
@@ -129,7 +130,7 @@ class RangeReader:
         self._consumer: str | None = None
         self._next_subject = ""
         self._inbox = ""
-        self._sub: nats.aio.subscription.Subscription | None = None
+        self._sub: Subscription | None = None
 
     async def open(self) -> RangeReader:
         if self._done:

@@ -73,7 +73,10 @@ def _sequence_range(previous: Snapshot | None, bounds: StreamBounds, stream: str
     start = max(done + 1, bounds.first_seq)
     if start > done + 1 and done:
         log.warning(
-            "stream %s lost sequences %d..%d before they were read (limits or purge)", stream, done + 1, start - 1
+            "stream %s lost sequences %d..%d before they were read (limits or purge)",
+            stream,
+            done + 1,
+            start - 1,
         )
     if bounds.last_seq < done:
         log.warning(
@@ -100,7 +103,8 @@ def run_fleet_health(
     """Process the advisories appended since the last run; see `docs/readme/fleet-health.md`.
 
     `spark` (or an already active session) is used and left running; otherwise one is built for
-    `master` (None: whatever spark-submit set) and stopped at the end. `now` (unix s) is the run's clock for downtime.
+    `master` (None: whatever spark-submit set) and stopped at the end. `now` (unix s) is the run's
+    clock for downtime.
     """
     run_time = int(time.time()) if now is None else int(now)
     owned = spark is None and SparkSession.getActiveSession() is None
@@ -112,7 +116,9 @@ def run_fleet_health(
         start, end = _sequence_range(previous, asyncio.run(_bounds(url, stream, credentials)), stream)
         run = previous.run + 1 if previous else 1
 
-        parsed = parse_advisories(_read_range(session, url, stream, start, end, partitions, credentials)).persist()
+        parsed = parse_advisories(
+            _read_range(session, url, stream, start, end, partitions, credentials)
+        ).persist()
         cached.append(parsed)
         counts = parsed.agg(
             F.count(F.lit(1)).alias("read"),

@@ -90,7 +90,9 @@ async def _bucket(js: Any, bucket: str) -> KeyValue:
     try:
         return await js.key_value(bucket)
     except BucketNotFoundError:
-        return await js.create_key_value(bucket=bucket, history=5, description="stream-replicator fleet health")
+        return await js.create_key_value(
+            bucket=bucket, history=5, description="stream-replicator fleet health"
+        )
 
 
 async def publish_summary(
@@ -107,7 +109,9 @@ async def publish_summary(
         await nc.close()
 
 
-async def read_summary(url: str, bucket: str = DEFAULT_BUCKET, credentials: str | None = None) -> dict[str, Any]:
+async def read_summary(
+    url: str, bucket: str = DEFAULT_BUCKET, credentials: str | None = None
+) -> dict[str, Any]:
     nc = await connect(url, credentials, name="fleet-health-reader")
     try:
         kv = await nc.jetstream().key_value(bucket)

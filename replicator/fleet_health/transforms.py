@@ -154,7 +154,8 @@ def _fold(steps: DataFrame) -> DataFrame:
 def advance_nodes(previous: DataFrame | None, events: DataFrame, history: DataFrame | None) -> DataFrame:
     """Node state after `events`, given the state and the events (`history`) of earlier runs.
 
-    `events` must already be deduplicated against `history` (see `new_events`).
+    `events` must already be deduplicated against `history` (see `new_events`). One small action
+    checks for late advisories first, so the history is read only when a node must be replayed.
     """
     if previous is None:
         return _fold(_event_steps(events))
@@ -169,13 +170,14 @@ def advance_nodes(previous: DataFrame | None, events: DataFrame, history: DataFr
         .select(*KEYS)
         .distinct()
     )
-    replay = events.join(late, list(KEYS), "left_semi")
+    # Late nodes are rare: only then is the (large) history scanned.
+    if late.isEmpty():
+        return _fold(_seed_steps(previous).unionByName(_event_steps(events)))
+    steps = _seed_steps(previous.join(late, list(KEYS), "left_anti")).unionByName(_event_steps(events))
     if history is not None:
-        replay = replay.unionByName(history.select(*events.columns).join(late, list(KEYS), "left_semi"))
-    carried = _seed_steps(previous.join(late, list(KEYS), "left_anti")).unionByName(
-        _event_steps(events.join(late, list(KEYS), "left_anti"))
-    )
-    return _fold(carried).unionByName(_fold(_event_steps(replay)))
+        replay = history.select(*events.columns).join(late, list(KEYS), "left_semi")
+        steps = steps.unionByName(_event_steps(replay))
+    return _fold(steps)
 
 
 def node_table(state: DataFrame, now: int) -> DataFrame:

@@ -10,7 +10,6 @@ from nats.aio.client import Client
 T0 = 1_700_000_000
 NOW = T0 + 10_000
 SUBJECT = "sr.advisory.cmdb"
-STREAM = "ADVISORIES"
 
 # (replicator, value, event, timestamp offset, seen offset), in the order the advisories arrive.
 HISTORY: list[tuple[str, str, str, int, int]] = [
@@ -41,18 +40,61 @@ HISTORY: list[tuple[str, str, str, int, int]] = [
 
 MALFORMED: list[bytes] = [
     b"not json at all",
-    json.dumps({**{"$schema": "stream-replicator/v1/age_advisory"}, "event_id": "x1", "event": "reboot",
-                "inspect": "sender", "value": "n1", "age": 1, "seen": T0, "replicator": "dc1",
-                "topic": "t", "timestamp": T0}).encode(),
-    json.dumps({"$schema": "stream-replicator/v1/age_advisory", "event_id": "x2", "event": "new",
-                "inspect": "sender", "value": "n9", "age": 1, "seen": T0, "topic": "t",
-                "timestamp": T0}).encode(),  # no replicator
-    json.dumps({"$schema": "io.choria.sr.v2.age_advisory", "event_id": "x3", "event": "new",
-                "inspect": "sender", "value": "n9", "age": 1, "seen": T0, "replicator": "dc1",
-                "topic": "t", "timestamp": T0}).encode(),
-    json.dumps({"$schema": "stream-replicator/v1/age_advisory", "event_id": "x4", "event": "new",
-                "inspect": "sender", "value": "n9", "age": 1, "seen": T0, "replicator": "dc1",
-                "topic": "t", "timestamp": "yesterday"}).encode(),
+    json.dumps(
+        {
+            **{"$schema": "stream-replicator/v1/age_advisory"},
+            "event_id": "x1",
+            "event": "reboot",
+            "inspect": "sender",
+            "value": "n1",
+            "age": 1,
+            "seen": T0,
+            "replicator": "dc1",
+            "topic": "t",
+            "timestamp": T0,
+        }
+    ).encode(),
+    json.dumps(
+        {
+            "$schema": "stream-replicator/v1/age_advisory",
+            "event_id": "x2",
+            "event": "new",
+            "inspect": "sender",
+            "value": "n9",
+            "age": 1,
+            "seen": T0,
+            "topic": "t",
+            "timestamp": T0,
+        }
+    ).encode(),  # no replicator
+    json.dumps(
+        {
+            "$schema": "io.choria.sr.v2.age_advisory",
+            "event_id": "x3",
+            "event": "new",
+            "inspect": "sender",
+            "value": "n9",
+            "age": 1,
+            "seen": T0,
+            "replicator": "dc1",
+            "topic": "t",
+            "timestamp": T0,
+        }
+    ).encode(),
+    json.dumps(
+        {
+            "$schema": "stream-replicator/v1/age_advisory",
+            "event_id": "x4",
+            "event": "new",
+            "inspect": "sender",
+            "value": "n9",
+            "age": 1,
+            "seen": T0,
+            "replicator": "dc1",
+            "topic": "t",
+            "timestamp": "yesterday",
+        }
+    ).encode(),
 ]
 
 
@@ -138,10 +180,6 @@ def node_tuples(rows: Sequence[object]) -> list[tuple[object, ...]]:
 def site_tuples(rows: Sequence[dict[str, object]]) -> list[tuple[object, ...]]:
     fields = ("replicator", "nodes", "healthy", "timeout", "expired", "availability")
     return [tuple(r[f] for f in fields) for r in rows]
-
-
-async def create_stream(nc: Client, name: str = STREAM) -> None:
-    await nc.jetstream().add_stream(name=name, subjects=[f"{SUBJECT}.>", SUBJECT])
 
 
 async def publish(nc: Client, payloads: Sequence[bytes], subject: str = SUBJECT) -> None:

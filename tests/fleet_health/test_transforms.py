@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
@@ -37,7 +39,7 @@ def run_chain(spark: SparkSession, cuts: list[int]) -> DataFrame:
     state: DataFrame | None = None
     history: DataFrame | None = None
     bounds = [0, *cuts, len(MESSAGES)]
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         parsed = parse_advisories(raw(spark, lo + 1, MESSAGES[lo:hi]))
         events = new_events(valid_events(parsed), history).localCheckpoint()
         state = advance_nodes(state, events, history).localCheckpoint()

@@ -61,8 +61,10 @@ def validate_advisory(doc: dict[str, Any]) -> None:
     jsonschema.Draft202012Validator(schema()).validate(doc)
 
 
-async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, step: float = 0.02) -> float:
-    """Poll until `check` holds; returns the seconds it took (fails the test on timeout)."""
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], within: float = 10.0, step: float = 0.02
+) -> float:
+    """Poll until `check` holds; returns the seconds it took (fails the test after `within`)."""
     started = time.monotonic()
     while True:
         result = check()
@@ -70,8 +72,8 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float
             result = await result
         if result:
             return time.monotonic() - started
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"condition not met within {timeout}s")
+        if time.monotonic() - started > within:
+            pytest.fail(f"condition not met within {within}s")
         await asyncio.sleep(step)
 
 

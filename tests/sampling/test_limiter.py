@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections import defaultdict
 
@@ -39,7 +40,7 @@ async def test_thousand_senders_forwarded_once_per_age_over_several_periods(cloc
         times = copies[sender]
         assert times[0] == start  # new senders go up at once
         interval = age - splay(sender, age)
-        for previous, current in zip(times, times[1:], strict=False):
+        for previous, current in itertools.pairwise(times):
             gap = current - previous
             # never within its interval, and at the first message once the interval passed
             assert interval <= gap < interval + step, (sender, gap, interval)
@@ -92,7 +93,8 @@ async def test_size_trigger_compares_with_the_last_copy(clock: FakeClock) -> Non
 
 async def test_messages_without_a_key_are_copied_and_counted(clock: FakeClock) -> None:
     limiter, store = limiter_for(clock, inspect="host.fqdn")
-    bad = [b"garbage", b"\xff\xfe\x00", b'{"host": {}}', b'{"host": ', b'[1,2]', b'{"host": {"fqdn": null}}', b""]
+    bad = [b"garbage", b"\xff\xfe\x00", b'{"host": {}}', b'{"host": ', b"[1,2]", b'{"host": {"fqdn": null}}',
+           b""]
     for payload in bad:
         assert await limiter.should_copy("acme.cmdb", None, payload) is True
     assert value(limiter.metrics.limiter_errors) == len(bad)

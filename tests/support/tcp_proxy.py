@@ -2,7 +2,7 @@
 
 Modes: pass-through with optional one-way `delay`; `cut()` closes every connection and refuses
 new ones until `restore()`; `half_open()` keeps sockets open but silently stops forwarding, the
-failure that only heartbeats detect.
+failure that only heartbeats detect (new connections are accepted and go nowhere too).
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ class TcpProxy:
         self.blackhole = True
 
     def restore(self) -> None:
+        """The link works again for new connections. Connections that were half-open are dead (their
+        peer state is gone, as after a NAT timeout): resuming them would deliver a byte stream with a
+        hole in it, which no real network does, so they are closed."""
+        if self.blackhole:
+            self._close_all()
         self.refusing = False
         self.blackhole = False
 
@@ -88,6 +93,8 @@ class TcpProxy:
         async def deliver() -> None:
             while True:
                 due, chunk = await queue.get()
+                if not chunk:
+                    return  # end of stream marker
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
@@ -107,8 +114,10 @@ class TcpProxy:
         except (ConnectionError, OSError):
             pass
         finally:
-            while not queue.empty() and not sender.done():
-                await asyncio.sleep(0.01)
+            # Deliver what was read before the peer closed (bounded), then close this direction.
+            queue.put_nowait((0.0, b""))
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(sender), self.delay + 1.0)
             sender.cancel()
             with contextlib.suppress(Exception):
                 writer.transport.abort()
@@ -116,7 +125,7 @@ class TcpProxy:
 
 
 class ThreadedProxy:
-    """The proxy on its own event loop thread, so it can sit beside a loop that blocks (or another process)."""
+    """The proxy on its own event loop thread, so it can sit beside a blocking loop (or another process)."""
 
     def __init__(self, upstream_port: int, delay: float = 0.0) -> None:
         self.proxy = TcpProxy(upstream_port, delay)
@@ -134,6 +143,24 @@ class ThreadedProxy:
 
     def call(self, name: str) -> None:
         self.loop.call_soon_threadsafe(getattr(self.proxy, name))
+
+    def cut(self) -> None:
+        self.call("cut")
+
+    def half_open(self) -> None:
+        self.call("half_open")
+
+    def restore(self) -> None:
+        self.call("restore")
+
+    def set_delay(self, delay: float) -> None:
+        """Latency from now on, for new and open connections (seconds each way)."""
+        self.loop.call_soon_threadsafe(setattr, self.proxy, "delay", delay)
+
+    @property
+    def connections(self) -> int:
+        """Open client-side plus upstream sockets: tells whether a client has given up on the link."""
+        return len(self.proxy._conns)
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.proxy.stop(), self.loop).result(10)

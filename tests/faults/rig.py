@@ -1,0 +1,160 @@
+"""The fault rig: two real servers, a TCP proxy in front of each, replicator processes, a publisher.
+
+The replicator reaches each server only through its proxy, so a test can add latency, cut the
+link or half-open it without touching the servers; the test's own connections (publisher and
+checks) go straight to the servers, so they see the truth while the replicator suffers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+
+from replicator.local_nats import LocalNatsServer, free_port
+from tests.dataplane.helpers import make_stream, spawn, stop, topic_config, write_config
+from tests.support.faults import (
+    ContinuousPublisher,
+    Outcome,
+    compare,
+    read_stream,
+    stream_count,
+    wait_count,
+)
+from tests.support.tcp_proxy import ThreadedProxy
+
+STREAM = "FLEET"
+
+
+class Rig:
+    def __init__(self, tmp: Path, source: LocalNatsServer, target: LocalNatsServer, source_nc: Client,
+                 target_nc: Client, results: list[Outcome]) -> None:
+        self.tmp = tmp
+        self.source, self.target = source, target
+        # Replaced in open() by clients that reconnect within 0.25 s, so a measured time to recover
+        # is the replicator's, not the test client's reconnect wait.
+        self.source_nc, self.target_nc = source_nc, target_nc
+        self.results = results
+        self.source_proxy = ThreadedProxy(source.port).start()
+        self.target_proxy = ThreadedProxy(target.port).start()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.publisher: ContinuousPublisher | None = None
+        self.monitor = free_port()
+        self.config_path = tmp / "sr.yaml"
+        self.log = tmp / "worker.log"
+
+    # ---- set-up
+    async def open(self) -> Rig:
+        opts = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.25, "connect_timeout": 2}
+        self.source_nc = await nats.connect(self.source.url, name="fault-check-source", **opts)
+        self.target_nc = await nats.connect(self.target.url, name="fault-check-target", **opts)
+        self._own = (self.source_nc, self.target_nc)
+        return self
+
+    async def stream(self, **kw: Any) -> None:
+        await make_stream(self.source_nc, STREAM, **kw)
+
+    def write_config(self, **overrides: Any) -> Path:
+        settings: dict[str, Any] = {"max_in_flight": 1000, "monitor": self.monitor, **overrides}
+        config = topic_config(self.source_proxy.url, self.target_proxy.url, **settings)
+        return write_config(self.config_path, config)
+
+    def spawn(self, *extra: str, instance: str | None = None,
+              log: Path | None = None) -> subprocess.Popen[bytes]:
+        proc = spawn(self.config_path, "fleet", *extra, instance=instance, log_path=log or self.log)
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        stop(proc, kill=True)
+        self.procs.remove(proc)
+
+    def publish(self, rate: float = 400.0, **kw: Any) -> ContinuousPublisher:
+        self.publisher = ContinuousPublisher(self.source_nc, rate=rate, **kw).start()
+        return self.publisher
+
+    # ---- faults
+    async def stop_server(self, server: LocalNatsServer, kill: bool = False) -> None:
+        """In a thread: the publisher keeps running while the server goes down."""
+        await asyncio.to_thread(server.stop, kill)
+
+    async def start_server(self, server: LocalNatsServer) -> None:
+        await asyncio.to_thread(server.start)
+
+    # ---- measurements
+    async def source_count(self, within: float = 20.0) -> int:
+        """Messages on the source now (waits out a restart)."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            n = await stream_count(self.source_nc, STREAM)
+            if n >= 0:
+                return n
+            await asyncio.sleep(0.2)
+        raise AssertionError("source stream unreachable")
+
+    async def time_to_catch_up(self, since: float, within: float = 60.0) -> float | None:
+        """Seconds from `since` (the fault's end, time.monotonic()) until the target holds everything
+        the source held when the fault ended."""
+        want = await self.source_count()
+        if await wait_count(self.target_nc, STREAM, want, within) is None:
+            return None
+        return time.monotonic() - since
+
+    # ---- the final check
+    async def finish(self, scenario: str, *, recover_s: float | None, ordered: bool = True, faults: int = 1,
+                     notes: str = "", within: float = 90.0) -> Outcome:
+        """Stop publishing, let the replicator catch up, stop it cleanly, compare the streams."""
+        if self.publisher is not None:
+            await self.publisher.stop()
+        want = await self.source_count()
+        caught_up = await wait_count(self.target_nc, STREAM, want, within)
+        await asyncio.sleep(1.0)  # a late duplicate would land now
+        codes = [stop(p) for p in list(self.procs)]
+        self.procs.clear()
+        source = await read_stream(self.source_nc, STREAM)
+        target = await read_stream(self.target_nc, STREAM)
+        outcome = compare(scenario, source, target, recover_s=recover_s, faults=faults, notes=notes)
+        self.results.append(outcome)
+        print("FAULT-RESULT", " | ".join(outcome.row()))
+        if self.publisher is not None:
+            indices = {int(m.headers["X-Index"]) for m in source}
+            assert self.publisher.acked <= indices, "the source lost acknowledged messages (rig problem)"
+        assert caught_up is not None, (
+            f"{scenario}: target has {len(target)} of {want} messages after {within}s\n{self.log_tail()}"
+        )
+        assert outcome.lost == 0, f"{scenario}: {outcome}\n{self.log_tail()}"
+        assert outcome.mismatched == 0, f"{scenario}: copies differ from the source: {outcome}"
+        if ordered:
+            assert outcome.duplicated == 0 and outcome.out_of_order == 0, f"{scenario}: {outcome}"
+        assert codes == [0] * len(codes), f"{scenario}: exit codes {codes} on SIGTERM\n{self.log_tail()}"
+        return outcome
+
+    def log_tail(self, lines: int = 40) -> str:
+        logs = sorted(self.tmp.glob("*.log"))
+        out = []
+        for path in logs:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(out)
+
+    async def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher._stop.set()
+            if self.publisher._task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.publisher._task, 10)
+        for proc in self.procs:
+            with contextlib.suppress(Exception):
+                stop(proc, kill=True)
+        self.procs.clear()
+        self.source_proxy.stop()
+        self.target_proxy.stop()
+        for nc in getattr(self, "_own", ()):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 5)

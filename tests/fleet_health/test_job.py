@@ -1,0 +1,206 @@
+"""End to end: advisories on a real stream -> Spark job -> Parquet tables and the KV summary."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import itertools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+from pyspark.sql import SparkSession
+
+from replicator.fleet_health.advisories import EVENT_SCHEMA
+from replicator.fleet_health.cli import add_arguments, run_from_args
+from replicator.fleet_health.job import FleetHealthResult, run_fleet_health
+from replicator.fleet_health.report import format_tables
+from replicator.fleet_health.summary import read_summary
+from replicator.fleet_health.transforms import NODE_COLUMNS
+from replicator.local_nats import LocalNatsServer
+from tests.fleet_health.helpers import (
+    BAD,
+    DUPLICATES,
+    EXPECTED_FLEET,
+    EXPECTED_NODES,
+    EXPECTED_SITES,
+    MESSAGES,
+    NOW,
+    T0,
+    VALID,
+    node_tuples,
+    publish,
+    site_tuples,
+)
+
+CUTS = (12, 26)  # dc1/n1 is timed out across the first cut; the late n6 timeout comes after the second
+
+
+async def _publish(url: str, stream: str, payloads: list[bytes]) -> None:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        if stream not in [s.config.name for s in await js.streams_info()]:
+            await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"])
+        await publish(nc, payloads, subject=f"{stream.lower()}.cmdb")
+    finally:
+        await nc.close()
+
+
+async def _kv_entries(url: str, bucket: str) -> dict[str, dict[str, object]]:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        out = {}
+        for key in await kv.keys():
+            entry = await kv.get(key)
+            out[key] = json.loads(entry.value or b"null")
+        return out
+    finally:
+        await nc.close()
+
+
+def _write_orphan_of_run_2(spark: SparkSession, output: Path) -> None:
+    """What a run 2 that died before committing leaves: events that must not count as seen."""
+    fake = spark.createDataFrame(
+        [(999, "ev-13", "new", "sender", "n6", 0, T0, "edge/west 1", "acme.cmdb", T0)], EVENT_SCHEMA
+    )
+    fake.write.parquet(str(output / "events" / "run=2"))
+    fake.write.parquet(str(output / "state" / "run=2" / "nodes"))
+
+
+@dataclass
+class Runs:
+    server: LocalNatsServer
+    full: FleetHealthResult
+    full_output: Path
+    chain: list[FleetHealthResult]
+    chain_output: Path
+    cli_stdout: str
+
+
+@pytest.fixture(scope="module")
+def runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    server = LocalNatsServer(name="fleet-health", store_dir=tmp_path_factory.mktemp("js")).start()
+    base = tmp_path_factory.mktemp("out")
+    try:
+        asyncio.run(_publish(server.url, "FULL", MESSAGES))
+        full = run_fleet_health(
+            server.url, "FULL", str(base / "full"), kv_bucket="FH_FULL", now=NOW, spark=spark
+        )
+
+        chain_out = base / "chain"
+        chain = []
+        bounds = [0, *CUTS, len(MESSAGES)]
+        for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+            asyncio.run(_publish(server.url, "CHAIN", MESSAGES[lo:hi]))
+            if i == 1:
+                _write_orphan_of_run_2(spark, chain_out)
+            run_now = NOW if hi == len(MESSAGES) else T0 + 3000 * (i + 1)
+            chain.append(
+                run_fleet_health(
+                    server.url, "CHAIN", str(chain_out), kv_bucket="FH_CHAIN", now=run_now, spark=spark
+                )
+            )
+        # One more run through the CLI with nothing new to read.
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        args = parser.parse_args(
+            [
+                "--url",
+                server.url,
+                "--stream",
+                "CHAIN",
+                "--output",
+                str(chain_out),
+                "--kv-bucket",
+                "FH_CHAIN",
+                "--now",
+                str(NOW),
+            ]
+        )
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            assert run_from_args(args) == 0
+        yield Runs(server, full, base / "full", chain, chain_out, stdout.getvalue())
+    finally:
+        server.close()
+
+
+def _nodes(spark: SparkSession, output: Path) -> list[tuple[object, ...]]:
+    return sorted(tuple(r) for r in spark.read.parquet(str(output / "nodes")).select(*NODE_COLUMNS).collect())
+
+
+def test_full_run_counts_and_tables(spark: SparkSession, runs: Runs) -> None:
+    r = runs.full
+    assert (r.run, r.first_sequence, r.last_sequence, r.read) == (1, 1, len(MESSAGES), len(MESSAGES))
+    assert (r.events, r.duplicates, r.malformed) == (VALID, DUPLICATES, BAD)
+    assert r.totals == {"advisories": VALID, "duplicates": DUPLICATES, "malformed": BAD}
+    nodes = spark.read.parquet(str(runs.full_output / "nodes")).collect()
+    assert node_tuples(nodes) == sorted(EXPECTED_NODES)
+    assert site_tuples(r.sites) == EXPECTED_SITES
+    assert r.fleet == pytest.approx(EXPECTED_FLEET)
+    sites = spark.read.parquet(str(runs.full_output / "sites")).orderBy("replicator").collect()
+    assert site_tuples([s.asDict() for s in sites]) == EXPECTED_SITES
+    fleet = spark.read.parquet(str(runs.full_output / "fleet")).first()
+    assert fleet is not None and fleet.asDict() == pytest.approx(EXPECTED_FLEET)
+
+
+def test_chain_of_incremental_runs_equals_the_full_run(spark: SparkSession, runs: Runs) -> None:
+    third = runs.chain[-1]
+    assert [c.run for c in runs.chain] == [1, 2, 3]
+    assert [(c.first_sequence, c.last_sequence) for c in runs.chain] == [
+        (1, CUTS[0]),
+        (CUTS[0] + 1, CUTS[1]),
+        (CUTS[1] + 1, len(MESSAGES)),
+    ]
+    assert sum(c.read for c in runs.chain) == len(MESSAGES)
+    assert third.totals == runs.full.totals
+    assert _nodes(spark, runs.chain_output) == _nodes(spark, runs.full_output)
+    assert third.sites == runs.full.sites and third.fleet == runs.full.fleet
+
+
+def test_a_run_with_nothing_new_changes_nothing(spark: SparkSession, runs: Runs) -> None:
+    assert "run 4" in runs.cli_stdout and "read 0 advisories" in runs.cli_stdout
+    assert _nodes(spark, runs.chain_output) == _nodes(spark, runs.full_output)
+    # Only the current and the previous snapshots are kept.
+    assert sorted(p.name for p in (runs.chain_output / "state").iterdir()) == ["run=3", "run=4"]
+    assert sorted(p.name for p in (runs.chain_output / "events").iterdir() if p.is_dir()) == [
+        "run=1",
+        "run=2",
+        "run=3",
+        "run=4",
+    ]
+
+
+def test_kv_summary_read_back(runs: Runs) -> None:
+    summary = asyncio.run(read_summary(runs.server.url, "FH_FULL"))
+    assert summary == runs.full.summary
+    assert summary["last_run"] == NOW and summary["last_sequence"] == len(MESSAGES)
+    assert (summary["advisories"], summary["duplicates"], summary["malformed"]) == (VALID, DUPLICATES, BAD)
+    assert summary["fleet"] == {**EXPECTED_FLEET, "availability": round(5 / 7, 6)}
+    assert [s["replicator"] for s in summary["sites"]] == ["dc1", "dc2", "edge/west 1"]
+
+    entries = asyncio.run(_kv_entries(runs.server.url, "FH_CHAIN"))
+    assert set(entries) == {"summary", "site.dc1", "site.dc2", "site.edge=2Fwest=201"}
+    edge = entries["site.edge=2Fwest=201"]
+    assert edge["replicator"] == "edge/west 1" and edge["nodes"] == 3 and edge["availability"] == 1.0
+    assert edge["last_run"] == NOW and edge["run"] == 4
+    chained = entries["summary"]
+    assert chained["run"] == 4 and chained["malformed"] == BAD and chained["fleet"] == summary["fleet"]
+
+
+def test_format_tables(runs: Runs) -> None:
+    text = format_tables(runs.full)
+    lines = text.splitlines()
+    assert lines[0].startswith("Fleet health run 1 at 2023-11-15 01:00:00Z: stream FULL up to sequence 31")
+    assert lines[2].split() == ["site", "nodes", "healthy", "timeout", "expired", "availability"]
+    assert lines[4].split() == ["dc1", "3", "1", "1", "1", "50.00%"]
+    assert lines[6].split() == ["edge/west", "1", "3", "3", "0", "0", "100.00%"]
+    assert lines[-1].split() == ["fleet", "(3", "sites)", "8", "5", "2", "1", "71.43%"]
+    assert runs.cli_stdout.splitlines()[-1].split() == lines[-1].split()

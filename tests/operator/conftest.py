@@ -1,0 +1,32 @@
+"""Operator fixtures: the API emulator on a loopback port and the real operator embedded in the loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import kmock
+import pytest
+
+from replication_operator.reconciler import OperatorConfig, Reconciler
+from replication_operator.testing import ClusterEmulator, embedded_operator
+from tests.operator.helpers import Api
+
+# Short intervals so that timer-driven behaviour (Secret re-checks, lag) shows within a test.
+FAST = OperatorConfig(status_interval=0.3, resync_interval=30.0, nats_timeout=2.0)
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[ClusterEmulator]:
+    async with ClusterEmulator() as emulator, kmock.Server(emulator):
+        yield emulator
+
+
+@pytest.fixture
+async def api(cluster: ClusterEmulator) -> Api:
+    return Api(cluster)
+
+
+@pytest.fixture
+async def operator(cluster: ClusterEmulator) -> AsyncIterator[Reconciler]:
+    async with embedded_operator(str(cluster.url), config=FAST) as reconciler:
+        yield reconciler
