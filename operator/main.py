@@ -1,13 +1,15 @@
 """`stream-replicator-operator`: run the operator (kopf) for some namespaces or the whole cluster.
 
 Peering is on by default, so two replicas of the operator never act at once: the one with the
-higher priority (or the older one) works, the other waits. It needs kopf's peering CRDs, which the
-Helm chart installs; `--standalone` turns it off.
+highest priority works and the others wait until its peering record expires. kopf pauses *all*
+peers that share a priority, so each process draws a random one unless told. Peering needs kopf's
+peering CRD and the named peering object (the Helm chart installs both); `--standalone` turns it off.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections.abc import Sequence
 
@@ -35,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"peering object shared by the operator's replicas (default {DEFAULT_PEERING})")
     parser.add_argument("--standalone", action="store_true",
                         help="no peering: only safe with exactly one operator replica")
-    parser.add_argument("--priority", type=int, default=0, help="peering priority (highest acts)")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="peering priority: the highest acts, the others wait (default: random, so "
+                        "that replicas differ; equal priorities would pause them all)")
     parser.add_argument("--liveness", default=DEFAULT_LIVENESS, metavar="URL",
                         help=f"liveness endpoint (default {DEFAULT_LIVENESS}); empty to disable")
     parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
@@ -48,11 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     registry = kopf.get_default_registry()  # the "smart" registry: in-cluster and kubeconfig logins
     handlers.register(registry, Reconciler(OperatorConfig.from_env()))
+    priority = args.priority if args.priority is not None else random.SystemRandom().randint(1, 10**9)
     kopf.run(
         registry=registry,
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
-        priority=args.priority,
+        priority=priority,
         clusterwide=args.all_namespaces,
         namespaces=args.namespaces or (),
         liveness_endpoint=args.liveness or None,

@@ -41,6 +41,8 @@ RESOURCES: list[tuple[str, str, bool, set[str]]] = [
     ("sparkoperator.k8s.io/v1beta2/scheduledsparkapplications", "ScheduledSparkApplication", True,
      {"status"}),
     ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, {"status"}),
+    ("kopf.dev/v1/clusterkopfpeerings", "ClusterKopfPeering", False, set()),
+    ("kopf.dev/v1/kopfpeerings", "KopfPeering", True, set()),
 ]
 
 
@@ -249,6 +251,12 @@ async def embedded_operator(
     finally:
         foreign.add(asyncio.current_task())
         stop.set()
+        # A timer spawned while kopf shuts down escapes its daemon killer (kopf then waits 5 s for
+        # it as a "hung" task): once the root tasks are done, stop such leftovers at once.
+        await asyncio.wait(tasks, timeout=15)
+        for task in asyncio.all_tasks():
+            if task not in foreign and task is not runner and not task.done():
+                task.cancel()
         try:
             await asyncio.wait_for(runner, 15)
         except TimeoutError:

@@ -132,6 +132,8 @@ class Advisor:
         self._scan_now = asyncio.Event()
         self._stream: str | None = None
         self._stream_checked = -math.inf
+        # Published but not yet marked in the store (e.g. the KV is down): not published again.
+        self._unmarked: dict[str, str] = {}
 
     # -- life cycle and leadership
     async def start(self) -> None:
@@ -166,6 +168,7 @@ class Advisor:
             self._drop_queue()
 
     def _drop_queue(self) -> None:
+        self._unmarked.clear()
         while not self._queue.empty():
             key = self._queue.get_nowait()
             self._queued.discard(key)
@@ -201,6 +204,8 @@ class Advisor:
         """One pass over every tracked sender; queues those owed an advisory. Returns how many."""
         if not self._active:
             return 0
+        for key in [k for k in self._unmarked if self.store.get(k) is None]:
+            del self._unmarked[key]
         now = self.clock()
         found = 0
         for n, key in enumerate(self.store.keys()):
@@ -255,12 +260,15 @@ class Advisor:
             advisory = build_advisory(
                 event, key, sender, now, inspect=self.inspect, replicator=self.replicator, topic=self.topic
             )
-            if await self.publish(advisory):
-                self.metrics.advisories[event].inc()
-            else:
-                self.metrics.advisories_errors.inc()
+            if self._unmarked.get(key) != advisory["event_id"]:
+                if await self.publish(advisory):
+                    self.metrics.advisories[event].inc()
+                else:
+                    self.metrics.advisories_errors.inc()
+                self._unmarked[key] = advisory["event_id"]
             if not await self._mark(key, event, sender):
-                return
+                return  # the next scan retries the mark, not the publish
+            self._unmarked.pop(key, None)
 
     async def _mark(self, key: str, event: str, sender: Sender) -> bool:
         if event == "new":
@@ -269,7 +277,8 @@ class Advisor:
             return await self.store.annotate(key, adv=sender.seen)
         if event == "recover":
             return await self.store.annotate(key, adv=0.0)
-        await self.store.forget(key, sender)
+        await self.store.forget(key, sender)  # if it came back meanwhile, it is a new life
+        self._unmarked.pop(key, None)
         return False
 
     # -- publishing

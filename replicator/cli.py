@@ -41,8 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="replication report per topic: streams, consumer, lag, last active")
     p.add_argument("--config", required=True)
     p.add_argument("--topic", action="append", help="only these profiles (repeatable)")
-    from replicator import demo
+    from replicator import advisories_cli, demo, state_cli
 
+    advisories_cli.add_arguments(sub.add_parser("advisories", help="show (or --follow) a topic's advisories"))
+    state_cli.add_arguments(sub.add_parser("state", help="the senders the limiter tracks (file or KV state)"))
     demo.add_arguments(sub.add_parser("demo", help="the embedded default: local servers, a fleet, replication, "
                                                    "advisories and fleet health"))
     return parser
@@ -87,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
-    handlers = {"run": _run, "report": _report}
+    from replicator import advisories_cli, state_cli
+
+    handlers = {"run": _run, "report": _report, "advisories": advisories_cli.run, "state": state_cli.run}
     try:
         if args.command == "demo":
             from replicator import demo

@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=300, help="nodes in the emulated fleet (default 300)")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of publishing (default 60)")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between a node's registrations")
-    parser.add_argument("--age", type=float, default=6.0, help="sampling age: a node goes upward at most once per age")
+    parser.add_argument("--age", type=float, default=10.0, help="sampling age: a node goes upward at most once per age")
     parser.add_argument("--no-fleet-health", action="store_true", help="skip the Spark fleet-health job at the end")
 
 
@@ -51,7 +51,7 @@ def demo_config(site_url: str, centre_url: str, age: float, interval: float) -> 
                 "inspect": "sender",
                 "update_flag": "updated",
                 "age": f"{age}s",
-                "advisory": {"target": ADVISORY_SUBJECT, "cluster": "target", "age": f"{interval * 2.5}s"},
+                "advisory": {"target": ADVISORY_SUBJECT, "cluster": "target", "age": f"{interval * 2}s"},
             }
         }
     }
@@ -86,7 +86,9 @@ async def run_demo(args: argparse.Namespace, workdir: Path) -> int:
         config = demo_config(site.url, centre.url, args.age, args.interval)
         profile = Profile(parse_config(config, "demo"), "registration", source="demo")
         replicator = Replicator(profile)
-        fleet = build_fleet(args.nodes, args.duration, interval=args.interval, quiet_for=args.age * 1.6)
+        # Quiet long enough to time out (2 intervals) but back before expiry (age): timeout, then recover.
+        fleet = build_fleet(args.nodes, args.duration, interval=args.interval,
+                            quiet_for=(args.interval * 2 + args.age) / 2 + args.interval / 2)
         emulator = FleetEmulator(site_nc, fleet, interval=args.interval)
         print(f"fleet: {args.nodes} nodes every {args.interval}s for {args.duration}s; sampling age {args.age}s; "
               f"{sum(n.quiet_from is not None for n in fleet)} will go quiet, "
@@ -97,9 +99,6 @@ async def run_demo(args: argparse.Namespace, workdir: Path) -> int:
         while not publisher.done():
             await asyncio.sleep(2.0)
             print(progress_line(replicator.metrics, emulator.published, time.monotonic() - started), flush=True)
-        # Let the last timeouts and expiries fire before stopping.
-        await asyncio.sleep(args.age + 1.0)
-        print(progress_line(replicator.metrics, emulator.published, time.monotonic() - started), flush=True)
         replicator.stop()
         await asyncio.wait_for(task, 30)
         info = await centre_nc.jetstream().stream_info("REGISTRATION_CENTRE")

@@ -170,7 +170,7 @@ class LeaderElection:
                 except nats.js.errors.APIError as err:
                     if err.err_code == 10058:  # created concurrently
                         break
-                    if replicas == 1:
+                    if replicas == 1 or err.err_code not in (10074, 10005, 10023):  # see limiter_state
                         raise
             info = await self.js.stream_info(self.stream)
         max_age = info.config.max_age or 0.0

@@ -167,6 +167,13 @@ class Puller:
         self._outstanding.clear()
         self.buffer.clear()
 
+    async def restart(self) -> None:
+        """A fresh inbox: deliveries still on their way for the old requests are dropped with it."""
+        await self.stop()
+        self.reset()
+        self.last_status = None
+        await self.start()
+
     def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers
         if not msg.reply and headers and STATUS in headers:

@@ -56,6 +56,8 @@ FILE_FORMAT = "stream-replicator/v1/limiter_state"
 SAVE_INTERVAL = 30.0
 KV_OP_TIMEOUT = 2.0
 _WRONG_LAST_SEQUENCE = (10071, 10164)
+# Three replicas cannot be placed: not clustered (10074), too few peers (10005), no room (10023).
+NO_ROOM_FOR_REPLICAS = (10074, 10005, 10023)
 _DELETE_OPS = ("DEL", "PURGE")
 _EXPECT_LAST = api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value
 
@@ -524,7 +526,6 @@ async def ensure_bucket(js: JetStreamContext, bucket: str, *, ttl: float, descri
             info.config.max_age = ttl
             info = await js.update_stream(info.config)
         return info
-    last: Exception | None = None
     for replicas in (3, 1):
         try:
             await js.create_key_value(
@@ -532,11 +533,11 @@ async def ensure_bucket(js: JetStreamContext, bucket: str, *, ttl: float, descri
             )
             return await js.stream_info(stream)
         except nats.js.errors.APIError as err:
-            last = err
             if err.err_code == 10058:  # created concurrently by another process
                 return await js.stream_info(stream)
-    assert last is not None
-    raise last
+            if replicas == 1 or err.err_code not in NO_ROOM_FOR_REPLICAS:
+                raise
+    raise AssertionError("unreachable")
 
 
 class KVStore(MemoryStore):

@@ -12,6 +12,7 @@ from nats.aio.client import Client
 
 from replicator.config import Profile
 from replicator.connections import connect
+from replicator.election import LeaderElection
 from replicator.copier import Endpoints, OrderedCopier, ScaledWorker, Stopper
 from replicator.metrics import Metrics, WorkerMetrics
 from replicator.monitor import MonitorServer
@@ -140,32 +141,47 @@ class Replicator:
                          limiter=limiter, ready=ready)
 
     async def _run_ordered(self, w: WorkerState, m: WorkerMetrics, source_stream: str, target_stream: str) -> None:
-        """Copy while leader (always, without election); a standby waits and takes over."""
+        """Copy while leader (always, without election); a standby waits and takes over.
+
+        On losing the lease the copier is cancelled, not drained: a standby may take over a quarter
+        TTL later and must find no old leader still publishing. What was in flight either landed
+        (and the new leader resumes after it) or fails the new leader's chain check.
+        """
         assert self.sampling is not None
-        election = self.sampling.election
+        election = self.sampling.copy_election
+        if election is None:
+            copier = OrderedCopier(self._endpoints(w, m, source_stream, target_stream), stopper=self.stopper)
+            self.loops = [copier]
+            await copier.run()
+            return
         while not self.stopper.stopping:
-            if election is not None:
-                w.standby = True
-                m.leader.set(0)
-                await election.wait_leader_or(self.stopper)
-                if self.stopper.stopping:
-                    break
-                w.standby = False
-                m.leader.set(1)
+            w.standby = True
+            m.leader.set(0)
+            await self._until_leader(election)
+            if self.stopper.stopping:
+                break
+            w.standby = False
+            log.info("%s is the leader: copying", w.name)
             copier = OrderedCopier(self._endpoints(w, m, source_stream, target_stream))
             self.loops = [copier]
-            if election is None:
-                copier.stopper = self.stopper
-                await copier.run()
-                break
-            lost = asyncio.ensure_future(election.wait_lost())
-            run = asyncio.ensure_future(copier.run())
-            await asyncio.wait([lost, run], return_when=asyncio.FIRST_COMPLETED)
-            if lost.done() and not run.done():
-                log.warning("%s lost leadership: stopping the copier", w.name)
+            if self.stopper.stopping:
                 copier.stopper.stop()
-            await run
+            run = asyncio.ensure_future(copier.run())
+            lost = asyncio.ensure_future(election.wait_lost())
+            await asyncio.wait([lost, run], return_when=asyncio.FIRST_COMPLETED)
+            if not run.done():
+                log.warning("%s lost leadership: stopping the copier at once", w.name)
+                run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
             lost.cancel()
+
+    async def _until_leader(self, election: LeaderElection) -> None:
+        leader = asyncio.ensure_future(election.wait_leader())
+        stopping = asyncio.ensure_future(self.stopper.event.wait())
+        await asyncio.wait([leader, stopping], return_when=asyncio.FIRST_COMPLETED)
+        for task in (leader, stopping):
+            task.cancel()
 
     async def _run_scaled(self, metrics: list[WorkerMetrics], source_stream: str, target_stream: str) -> None:
         self.loops = [

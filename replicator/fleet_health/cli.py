@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import sys
 
+from replicator.fleet_health.jetstream import stream_for_subject
 from replicator.fleet_health.summary import DEFAULT_BUCKET
 
 log = logging.getLogger(__name__)
@@ -14,7 +16,10 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="NATS URL(s) of the advisory cluster, comma-separated")
-    parser.add_argument("--stream", required=True, help="the advisory stream")
+    parser.add_argument(
+        "--stream", default=None, help="the advisory stream (default: the one storing --subject)"
+    )
+    parser.add_argument("--subject", default=None, help="read only this subject (the advisory subject)")
     parser.add_argument(
         "--output", required=True, help="Parquet output root: a path or a Hadoop URI (s3a://...)"
     )
@@ -41,16 +46,21 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.partitions < 1:
         print("fleet-health: --partitions must be at least 1", file=sys.stderr)
         return 2
+    if not args.stream and not args.subject:
+        print("fleet-health: --stream or --subject is required", file=sys.stderr)
+        return 2
     try:
+        stream = args.stream or asyncio.run(stream_for_subject(args.url, args.subject, args.credentials))
         result = run_fleet_health(
             args.url,
-            args.stream,
+            stream,
             args.output,
             kv_bucket=args.kv_bucket,
             partitions=args.partitions,
             master=None if args.master == "submit" else args.master,
             now=args.now,
             credentials=args.credentials,
+            subject=args.subject,
         )
     except Exception as exc:
         log.debug("fleet-health failed", exc_info=True)

@@ -68,6 +68,17 @@ async def stream_bounds(nc: Client, stream: str) -> StreamBounds:
     return StreamBounds(first_seq=state.first_seq, last_seq=state.last_seq, messages=state.messages)
 
 
+async def stream_for_subject(url: str, subject: str, credentials: str | None = None) -> str:
+    """The stream that stores `subject` (the advisory subject), as the advisories CLI finds it."""
+    nc = await connect(url, credentials, name="fleet-health-lookup")
+    try:
+        return await nc.jetstream().find_stream_name_by_subject(subject)
+    except NotFoundError:
+        raise JetStreamReadError(f"no stream stores subject {subject!r}") from None
+    finally:
+        await nc.close()
+
+
 def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
     """Contiguous, near-equal, inclusive sub-ranges; never more parts than sequences."""
     if end < start:

@@ -51,19 +51,11 @@ async def _bounds(url: str, stream: str, credentials: str | None) -> StreamBound
         await nc.close()
 
 
-def _read_range(
-    spark: SparkSession, url: str, stream: str, start: int, end: int, partitions: int, credentials: str | None
-) -> DataFrame:
-    reader = (
-        spark.read.format(SOURCE_NAME)
-        .option("url", url)
-        .option("stream", stream)
-        .option("start_seq", str(start))
-        .option("end_seq", str(end))
-        .option("partitions", str(partitions))
-    )
-    if credentials:
-        reader = reader.option("credentials", credentials)
+def _read_range(spark: SparkSession, options: dict[str, str | None]) -> DataFrame:
+    reader = spark.read.format(SOURCE_NAME)
+    for key, value in options.items():
+        if value is not None:
+            reader = reader.option(key, value)
     return reader.load()
 
 
@@ -98,13 +90,14 @@ def run_fleet_health(
     master: str | None = "local[2]",
     now: int | None = None,
     credentials: str | None = None,
+    subject: str | None = None,
     spark: SparkSession | None = None,
 ) -> FleetHealthResult:
     """Process the advisories appended since the last run; see `docs/readme/fleet-health.md`.
 
     `spark` (or an already active session) is used and left running; otherwise one is built for
     `master` (None: whatever spark-submit set) and stopped at the end. `now` (unix s) is the run's
-    clock for downtime.
+    clock for downtime. `subject` reads only that subject of the stream.
     """
     run_time = int(time.time()) if now is None else int(now)
     owned = spark is None and SparkSession.getActiveSession() is None
@@ -116,9 +109,16 @@ def run_fleet_health(
         start, end = _sequence_range(previous, asyncio.run(_bounds(url, stream, credentials)), stream)
         run = previous.run + 1 if previous else 1
 
-        parsed = parse_advisories(
-            _read_range(session, url, stream, start, end, partitions, credentials)
-        ).persist()
+        source = {
+            "url": url,
+            "stream": stream,
+            "start_seq": str(start),
+            "end_seq": str(end),
+            "partitions": str(partitions),
+            "credentials": credentials,
+            "subject": subject,
+        }
+        parsed = parse_advisories(_read_range(session, source)).persist()
         cached.append(parsed)
         counts = parsed.agg(
             F.count(F.lit(1)).alias("read"),

@@ -51,10 +51,11 @@ COUNT_COLUMNS = ("nodes", "healthy", "timeout", "expired")
 def new_events(events: DataFrame, seen_ids: DataFrame | None = None) -> DataFrame:
     """The first occurrence (lowest sequence) of each `event_id` that `seen_ids` does not hold yet."""
     columns = events.columns
+    # A hash aggregate, not a window: no sort of the whole batch by event_id.
     first = (
-        events.withColumn("_n", F.row_number().over(Window.partitionBy("event_id").orderBy("sequence")))
-        .where(F.col("_n") == 1)
-        .drop("_n")
+        events.groupBy("event_id")
+        .agg(F.min_by(F.struct(*columns), F.col("sequence")).alias("_first"))
+        .select("_first.*")
     )
     if seen_ids is not None:
         first = first.join(seen_ids.select("event_id"), "event_id", "left_anti")

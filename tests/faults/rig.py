@@ -100,8 +100,8 @@ class Rig:
 
     async def time_to_catch_up(self, since: float, within: float = 60.0) -> float | None:
         """Seconds from `since` (the fault's end, time.monotonic()) until the target holds everything
-        the source held when the fault ended."""
-        want = await self.source_count()
+        the source held when the fault ended and at least one message published after it."""
+        want = await self.source_count() + 1  # and one published after: the replicator is live again
         if await wait_count(self.target_nc, STREAM, want, within) is None:
             return None
         return time.monotonic() - since
@@ -126,7 +126,8 @@ class Rig:
             indices = {int(m.headers["X-Index"]) for m in source}
             assert self.publisher.acked <= indices, "the source lost acknowledged messages (rig problem)"
         assert caught_up is not None, (
-            f"{scenario}: target has {len(target)} of {want} messages after {within}s\n{self.log_tail()}"
+            f"{scenario}: target has {len(target)} of {want} messages after {within}s: {outcome}\n"
+            f"{self.log_tail()}"
         )
         assert outcome.lost == 0, f"{scenario}: {outcome}\n{self.log_tail()}"
         assert outcome.mismatched == 0, f"{scenario}: copies differ from the source: {outcome}"

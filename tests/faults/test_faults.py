@@ -10,15 +10,32 @@ recover) to the table printed at the end of the session.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 
 import pytest
+import yaml
+from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, StreamConfig
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
+from replicator.limiter_state import decode_key, limiter_bucket
 from replicator.local_nats import free_port
+from tests.dataplane.helpers import profile_for, stop
 from tests.faults.rig import STREAM, Rig
-from tests.support.faults import log_size, metric, scrape, wait_count, wait_log, wait_metric
+from tests.support.faults import (
+    Outcome,
+    log_size,
+    metric,
+    read_stream,
+    scrape,
+    stream_count,
+    wait_count,
+    wait_log,
+    wait_metric,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -150,15 +167,31 @@ async def test_scaled_one_of_two_processes_killed(rig: Rig) -> None:
     """Two processes share the group's durable; one dies mid-stream. Its unacknowledged messages
     come back after the consumer's ack wait (30 s) and the survivor copies them: nothing lost."""
     await rig.stream()
+    rig.target_proxy.set_delay(0.05)  # 100 ms RTT to the target: each worker holds messages in flight
     rig.write_config(workers=2, queue_group="fleet_grp", name=None, monitor=None)
     a = rig.spawn(instance="pod0", log=rig.tmp / "pod0.log")
     rig.spawn(instance="pod1", log=rig.tmp / "pod1.log")
-    rig.publish()
-    assert await wait_count(rig.target_nc, STREAM, 1000, 30) is not None, rig.log_tail()
+    rig.publish(rate=1000)
+    assert await wait_count(rig.target_nc, STREAM, 2000, 30) is not None, rig.log_tail()
+    js = rig.source_nc.jetstream()
+    killed = time.monotonic()
     rig.kill(a)
-    recover = await rig.time_to_catch_up(time.monotonic(), within=75)
+    await asyncio.sleep(3)  # publishing continues while the survivor takes the whole load
+    assert rig.publisher is not None
+    await rig.publisher.stop()
+    stuck = (await js.consumer_info(STREAM, "fleet_grp")).num_ack_pending
+    # The victim's unacknowledged messages come back after the consumer's ack wait (30 s).
+    recover = None
+    while time.monotonic() - killed < 60:
+        info = await js.consumer_info(STREAM, "fleet_grp")
+        if info.num_pending == 0 and info.num_ack_pending == 0:
+            recover = time.monotonic() - killed
+            break
+        await asyncio.sleep(0.5)
+    assert recover is not None, f"the group still holds unacknowledged messages: {info}"
     await rig.finish("scaled: 1 of 2 processes killed", recover_s=recover, ordered=False,
-                     notes="recover includes the 30 s ack wait")
+                     notes=f"unordered by design; {stuck} held by the victim, redelivered after the "
+                           "30 s ack wait; recover: until the group is clean")
 
 
 async def _leaders(ports: list[int], workers: list[str]) -> list[float | None]:
@@ -183,10 +216,12 @@ async def test_leader_election_leader_killed_under_load(rig: Rig) -> None:
     procs = [rig.spawn("--monitor", str(port), instance=f"pod{i}", log=rig.tmp / f"pod{i}.log")
              for i, port in enumerate(ports)]
     rig.publish()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     leaders: list[float | None] = [None, None]
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # both monitors up, then ten seconds for an election (ttl 3 s)
         leaders = await _leaders(ports, workers)
+        if None not in leaders:
+            deadline = min(deadline, time.monotonic() + 10)
         if sorted(v or 0 for v in leaders) == [0.0, 1.0] and None not in leaders:
             break
         await asyncio.sleep(0.5)
@@ -200,3 +235,75 @@ async def test_leader_election_leader_killed_under_load(rig: Rig) -> None:
     recover = await rig.time_to_catch_up(time.monotonic(), within=60)
     await rig.finish("leader election: leader killed under load", recover_s=recover,
                      notes="ttl 3 s; recover: from the kill")
+
+
+@pytest.mark.timeout(120)
+async def test_limiter_kv_unavailable_fails_open_and_resynchronises(rig: Rig) -> None:
+    """`limiter_state: kv` with sampling (one copy per host per hour). The KV bucket is deleted
+    under load: copying continues (fail open, `limiter_state_errors` counted), and once the store
+    has its bucket again it holds every sender copied meanwhile (state resynchronised)."""
+    await rig.stream()
+    config_path = rig.write_config(inspect="host", age="1h", limiter_state="kv")
+    bucket = limiter_bucket(profile_for(yaml.safe_load(config_path.read_text())))
+    js = rig.source_nc.jetstream()
+    rig.spawn()
+    rig.publish(rate=200, make_body=lambda i: json.dumps({"host": f"h{i // 4}", "i": i}).encode())
+    if not await _stream_exists(js, f"KV_{bucket}", within=10):
+        pytest.xfail("limiter_state 'kv' is not wired into the runner yet: no KV bucket on the source "
+                     "(replicator/sampling_wiring.py SamplingPlane.limiter_for returns None)")
+    await asyncio.sleep(2)
+    await js.delete_stream(f"KV_{bucket}")
+    lost_at = time.monotonic()
+    copied_before = await stream_count(rig.target_nc, STREAM)
+    await asyncio.sleep(4)
+    assert await stream_count(rig.target_nc, STREAM) > copied_before, "copying stopped with the KV"
+    exposition = await asyncio.to_thread(scrape, rig.monitor)
+    errors = metric(exposition, "stream_replicator_limiter_state_errors_total")
+    assert errors and errors > 0, "KV failures must be counted in limiter_state_errors"
+    hosts_copied: set[str] = set()
+    resynced = None
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        hosts_copied = {json.loads(m.data)["host"] for m in await read_stream(rig.target_nc, STREAM)}
+        keys = await _kv_keys(rig.source_nc, bucket)
+        if hosts_copied <= keys:
+            resynced = time.monotonic() - lost_at
+            break
+        await asyncio.sleep(1)
+    missing = sorted(hosts_copied - keys)[:10]
+    assert resynced is not None, f"the KV never held the copied senders again: missing {missing}"
+    assert rig.publisher is not None
+    await rig.publisher.stop()
+    await asyncio.sleep(2)
+    codes = [stop(p) for p in list(rig.procs)]
+    rig.procs.clear()
+    source = await read_stream(rig.source_nc, STREAM)
+    target = await read_stream(rig.target_nc, STREAM)
+    source_hosts = {json.loads(m.data)["host"] for m in source}
+    target_hosts = [json.loads(m.data)["host"] for m in target]
+    outcome = Outcome("limiter KV bucket deleted (sampling)", len(source), len(target),
+                      lost=len(source_hosts - set(target_hosts)),
+                      duplicated=len(target_hosts) - len(set(target_hosts)), out_of_order=0, mismatched=0,
+                      recover_s=resynced, notes="lost/duplicated per sender; recover: KV resynchronised")
+    rig.results.append(outcome)
+    assert outcome.lost == 0, outcome
+    assert codes == [0] * len(codes)
+
+
+async def _stream_exists(js: JetStreamContext, name: str, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            await js.stream_info(name)
+            return True
+        except NotFoundError:
+            await asyncio.sleep(0.5)
+    return False
+
+
+async def _kv_keys(nc: Client, bucket: str) -> set[str]:
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        return {decode_key(k) for k in await kv.keys()}
+    except Exception:  # bucket missing or empty
+        return set()

@@ -38,6 +38,8 @@ from tests.fleet_health.helpers import (
     site_tuples,
 )
 
+pytestmark = pytest.mark.spark
+
 CUTS = (12, 26)  # dc1/n1 is timed out across the first cut; the late n6 timeout comes after the second
 
 
@@ -107,15 +109,15 @@ def runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Itera
                     server.url, "CHAIN", str(chain_out), kv_bucket="FH_CHAIN", now=run_now, spark=spark
                 )
             )
-        # One more run through the CLI with nothing new to read.
+        # One more run through the CLI, with nothing new to read.
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         args = parser.parse_args(
             [
                 "--url",
                 server.url,
-                "--stream",
-                "CHAIN",
+                "--subject",  # the stream is found by the advisory subject
+                "chain.cmdb",
                 "--output",
                 str(chain_out),
                 "--kv-bucket",

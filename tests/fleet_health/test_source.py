@@ -15,6 +15,8 @@ from replicator.fleet_health.jetstream import RangeReader, read_all, split_range
 from replicator.fleet_health.source import ReadOptions
 from replicator.local_nats import LocalNatsServer
 
+pytestmark = pytest.mark.spark
+
 STREAM = "ADV"
 DELETED = {1, 7, 8, 20, 40}  # first, two in a row, one at a partition edge, the last
 

@@ -28,6 +28,8 @@ from tests.fleet_health.helpers import (
     site_tuples,
 )
 
+pytestmark = pytest.mark.spark
+
 
 def raw(spark: SparkSession, first_seq: int, payloads: list[bytes]) -> DataFrame:
     rows = [(first_seq + i, bytearray(p)) for i, p in enumerate(payloads)]

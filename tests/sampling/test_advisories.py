@@ -188,3 +188,36 @@ async def test_retried_then_counted_as_an_error(target_nc: Client, clock: FakeCl
         sender = rig.store.get("n2")
         assert sender is not None and sender.announced
     await asyncio.sleep(0)
+
+
+class FlakyMarks(MemoryStore):
+    """A store whose marks fail for a while, as a KV store's do while the KV is unreachable."""
+
+    failures = 3
+
+    async def annotate(self, key: str, *, adv: float | None = None, flags: int | None = None) -> bool:
+        if self.failures:
+            self.failures -= 1
+            return False
+        return await super().annotate(key, adv=adv, flags=flags)
+
+
+async def test_an_unrecorded_advisory_is_not_published_again(target_nc: Client, clock: FakeClock) -> None:
+    await target_nc.jetstream().add_stream(name="ADV", subjects=["sr.advisories.>"])
+    received: list[Msg] = []
+
+    async def on_msg(msg: Msg) -> None:
+        received.append(msg)
+
+    await target_nc.subscribe(SUBJECT, cb=on_msg)  # sees duplicates that the stream would drop
+    async with Rig(target_nc, clock) as rig:
+        rig.store.__class__ = FlakyMarks
+        await rig.send("n1")
+        for _ in range(4):  # marking fails 3 times, then succeeds
+            await rig.settle()
+        sender = rig.store.get("n1")
+        assert sender is not None and sender.announced
+        await target_nc.flush()
+        await asyncio.sleep(0.1)
+    assert len(received) == 1
+    assert value(rig.metrics.advisories["new"]) == 1

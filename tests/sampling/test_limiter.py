@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 from collections import defaultdict
 
@@ -142,3 +143,25 @@ async def test_the_store_scrubs_on_its_own(clock: FakeClock) -> None:
         assert len(store) == 0
     finally:
         await store.close()
+
+
+async def test_every_key_kind_samples_end_to_end(clock: FakeClock) -> None:
+    kinds = {
+        "inspect": ({"inspect": "host.name"},
+                    lambda s: ("fleet.reg", None, json.dumps({"host": {"name": s}}))),
+        "header": ({"inspect": None, "inspect_header": "Sender"},
+                   lambda s: ("fleet.reg", {"Sender": s}, "\x00")),
+        "token": ({"inspect": None, "inspect_subject_token": 3},
+                  lambda s: (f"fleet.reg.{s}.x", None, "{}")),
+    }
+    for name, (topic, message) in kinds.items():
+        limiter, store = limiter_for(FakeClock(clock.now), age=10, **topic)
+        for round_ in range(3):
+            copied = []
+            for s in ("a", "b", "c"):
+                subject, headers, payload = message(s)
+                copied.append(await limiter.should_copy(subject, headers, payload.encode()))
+            assert copied == [round_ == 0] * 3, name  # first round copies, the next two skip
+            limiter.clock.advance(1)  # type: ignore[attr-defined]
+        assert sorted(store.keys()) == ["a", "b", "c"], name
+        assert value(limiter.metrics.limiter_errors) == 0, name

@@ -10,6 +10,7 @@ in ordered mode, all of them in scaled mode.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import time
@@ -205,8 +206,12 @@ def compare(scenario: str, source: list[StoredMsg], target: list[StoredMsg], *, 
             expected_subject is None and m.subject != original.subject
         ):
             mismatched += 1
-    return Outcome(scenario, len(source), len(target), lost, duplicated, out_of_order, mismatched, recover_s,
-                   faults, notes)
+    outcome = Outcome(scenario, len(source), len(target), lost, duplicated, out_of_order, mismatched,
+                      recover_s, faults, notes)
+    outcome.extra["lost_seqs"] = sorted(set(by_seq) - unique)[:40]
+    counts = collections.Counter(seqs)
+    outcome.extra["duplicated_seqs"] = sorted(s for s, n in counts.items() if n > 1)[:40]
+    return outcome
 
 
 def scrape(port: int, timeout: float = 2.0) -> str:

@@ -1,0 +1,27 @@
+"""`make bench`: every benchmark in one run, each printing ratios against its same-run reference."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = ("bench.dataplane", "bench.sampling", "bench.limiter_memory", "bench.fleet_health",
+           "bench.operator_reconcile")
+
+
+def main() -> int:
+    failed = 0
+    for name in BENCHES:
+        print(f"\n=== {name} ===", flush=True)
+        try:
+            module = importlib.import_module(name)
+        except ImportError as err:
+            print(f"skipped: {err}")
+            continue
+        status = module.main([])
+        failed += int(bool(status))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

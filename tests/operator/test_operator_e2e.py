@@ -1,0 +1,142 @@
+"""End to end without a cluster: run what the operator's Deployment runs, against two real NATS servers.
+
+The ConfigMap and Deployment come from the real operator (over the API emulator). The container's
+command, arguments and environment are run locally as a process, with the config file written from
+the ConfigMap and its pod paths moved under a temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from nats.aio.client import Client
+
+from replication_operator import naming
+from replication_operator.reconciler import Reconciler
+from replication_operator.testing import wait_for
+from replicator.local_nats import LocalNatsServer, free_port
+from tests.operator import helpers as h
+from tests.operator.helpers import Api
+
+NS = "e2e"
+MESSAGES = 50
+
+
+def _resource(name: str, source: str, target: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": naming.API_VERSION,
+        "kind": naming.KIND,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "topic": "acme.cmdb.>",
+            "source": {"url": source, "stream": "CMDB"},
+            "target": {"url": target, "stream": "CMDB_COPY"},
+            **spec,
+        },
+    }
+
+
+def _pod_process(deployment: dict[str, Any], configmap: dict[str, Any], root: Path,
+                 pod_name: str) -> tuple[list[str], dict[str, str], int]:
+    """argv, environment and monitor port of the Deployment's container, runnable here."""
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    config = h.materialise(configmap["data"][naming.CONFIG_KEY], root, {}, h.secret_mounts(deployment))
+    port = free_port()
+    for topic in config["topics"].values():
+        topic["monitor"] = port
+    config_path = root / naming.CONFIG_PATH.lstrip("/")
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(config))
+
+    executable = Path(sys.prefix) / "bin" / container["command"][0]
+    args = [str(config_path) if a == naming.CONFIG_PATH else a for a in container["args"]]
+    env = dict(os.environ)
+    for var in container["env"]:
+        field = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        env[var["name"]] = {"metadata.name": pod_name, "metadata.namespace": NS}.get(field, var.get("value", ""))
+    return [str(executable), *container["command"][1:], *args], env, port
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _running(argv: list[str], env: dict[str, str], log: Path) -> Any:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("mode", ["ordered", "standby", "scaled"])
+async def test_the_operators_deployment_replicates(
+    mode: str, api: Api, operator: Reconciler, tmp_path: Path,
+    source_server: LocalNatsServer, target_server: LocalNatsServer, source_nc: Client, target_nc: Client,
+) -> None:
+    spec: dict[str, Any] = {"mode": "scaled" if mode == "scaled" else "ordered"}
+    if mode == "scaled":
+        spec.update(replicas=2, workersPerPod=3)
+    if mode == "standby":
+        spec.update(replicas=2)  # a leader and a hot standby: leader election in the config
+    name = f"cmdb-{mode}"
+    await api.create(_resource(name, source_server.url, target_server.url, **spec))
+    deployment = await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, name))
+    configmap = await wait_for(lambda: api.get(naming.CONFIGMAP, NS, f"{name}-config"))
+
+    js = source_nc.jetstream()
+    await js.add_stream(name="CMDB", subjects=["acme.cmdb.>"])
+    for i in range(MESSAGES):
+        await js.publish(f"acme.cmdb.node{i % 7}", f'{{"n": {i}}}'.encode())
+
+    pods = 1 if mode == "ordered" else 2
+    with contextlib.ExitStack() as stack:
+        ports, procs = [], []
+        for index in range(pods):
+            argv, env, port = _pod_process(deployment, configmap, tmp_path / f"pod{index}", f"{name}-pod-{index}")
+            procs.append(stack.enter_context(_running(argv, env, tmp_path / f"pod{index}.log")))
+            ports.append(port)
+
+        async def copied() -> bool:
+            for proc, index in zip(procs, range(pods), strict=True):
+                assert proc.poll() is None, (tmp_path / f"pod{index}.log").read_text()[-3000:]
+            try:
+                info = await target_nc.jetstream().stream_info("CMDB_COPY")
+            except Exception:
+                return False
+            return bool(info.state.messages == MESSAGES)
+
+        await wait_for(copied, within=30, interval=0.2)
+        await wait_for(lambda: all(_ready(p) for p in ports), within=10, interval=0.2)
+        if mode != "scaled":
+            msg = await target_nc.jetstream().get_msg("CMDB_COPY", seq=MESSAGES)
+            assert msg.data == f'{{"n": {MESSAGES - 1}}}'.encode()
+        consumer = await js.consumer_info("CMDB", f"e2e_{name}_grp" if mode == "scaled" else f"e2e_{name}")
+        assert consumer.num_pending == 0
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            assert await asyncio.to_thread(proc.wait, 15) == 0

@@ -1,0 +1,121 @@
+"""`stream-replicator-operator`: flags, and the console script run as a process against the API emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from replication_operator import main as cli
+from replication_operator import naming
+from replication_operator.testing import ClusterEmulator, wait_for
+from replicator.local_nats import free_port
+from tests.operator import helpers as h
+from tests.operator.helpers import Api
+
+SCRIPT = str(Path(sys.prefix) / "bin" / "stream-replicator-operator")
+
+
+def test_help() -> None:
+    result = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for flag in ("--namespace", "--all-namespaces", "--peering", "--standalone", "--liveness", "--verbose"):
+        assert flag in result.stdout
+
+
+def test_scope_is_required_and_exclusive() -> None:
+    for argv in ([], ["-n", "a", "--all-namespaces"]):
+        with pytest.raises(SystemExit) as err:
+            cli.build_parser().parse_args(argv)
+        assert err.value.code == 2
+
+
+def test_flags() -> None:
+    args = cli.build_parser().parse_args(["-n", "team-a", "--namespace", "team-b"])
+    assert args.namespaces == ["team-a", "team-b"]
+    assert (args.peering, args.standalone, args.liveness) == ("stream-replicator", False, cli.DEFAULT_LIVENESS)
+    args = cli.build_parser().parse_args(["--all-namespaces", "--standalone", "--verbose", "--liveness", ""])
+    assert args.all_namespaces and args.standalone and args.verbose and args.liveness == ""
+
+
+def _kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+        "users": [{"name": "operator", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "operator"}}],
+    }))
+    return path
+
+
+def _liveness(port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
+            return dict(json.loads(resp.read() or b"{}"))
+    except OSError:
+        return None
+
+
+async def test_console_script_serves_the_cluster_with_peering(tmp_path: Path) -> None:
+    """Two operator processes share a peering object: the higher priority acts, the other waits."""
+    async with ClusterEmulator() as cluster:
+        from kmock import Server
+
+        async with Server(cluster):
+            api = Api(cluster)
+            await api._send("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", {
+                "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                "metadata": {"name": "stream-replicator"},
+            })
+            env = dict(os.environ, KUBECONFIG=str(_kubeconfig(tmp_path / "kubeconfig", str(cluster.url))),
+                       STREAM_REPLICATOR_WORKER_IMAGE="registry.example/sr:1.2.3")
+            port = free_port()
+            procs = []
+            logs = []
+            for priority, liveness in ((100, f"http://127.0.0.1:{port}/healthz"), (50, "")):
+                log = tmp_path / f"operator-{priority}.log"
+                logs.append(log)
+                with open(log, "wb") as out:
+                    procs.append(subprocess.Popen(
+                        [SCRIPT, "--all-namespaces", "--priority", str(priority), "--liveness", liveness],
+                        env=env, stdout=out, stderr=subprocess.STDOUT,
+                    ))
+            try:
+                await wait_for(lambda: _liveness(port) is not None, within=20, interval=0.1)
+                await wait_for(lambda: "Initial authentication has finished" in logs[1].read_text(), within=20,
+                               interval=0.1)
+                # The lower-priority process starts paused, or resumes for an instant before it sees
+                # the other's peering record; either way it ends up waiting.
+                await asyncio.sleep(1.5)
+                waiting = logs[1].read_text()
+                if "Resuming operations" in waiting:
+                    assert "Pausing operations in favour of" in waiting.split("Resuming operations")[-1]
+                mark = len(waiting)
+                resource = h.example("telemetry-region", "prod")
+                for key in ("uid", "generation"):
+                    resource["metadata"].pop(key)
+                resource["spec"].pop("image")
+                await api.create(resource)
+                deployment = await wait_for(lambda: api.get(naming.DEPLOYMENT, "prod", "telemetry-region"),
+                                            within=20, interval=0.1)
+                image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+                assert image == "registry.example/sr:1.2.3"
+                assert "resources" in (_liveness(port) or {})  # our probe (kopf caches its value)
+                await wait_for(lambda: "Handler 'apply-create' succeeded" in logs[0].read_text(), within=5)
+                await asyncio.sleep(0.5)
+                waiting = logs[1].read_text()[mark:]
+                assert "Handler 'apply-" not in waiting and "Resuming operations" not in waiting
+            finally:
+                for proc in procs:
+                    proc.send_signal(signal.SIGTERM)
+                codes = [await asyncio.to_thread(proc.wait, 20) for proc in procs]
+            assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
