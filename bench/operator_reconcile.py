@@ -43,7 +43,7 @@ def resource(index: int) -> dict[str, Any]:
         "monitoring": {"serviceMonitor": {"enabled": True}},
     }
     if builders.build_scheduled_spark_application is not None:
-        spec["fleetHealth"] = {"schedule": "@every 15m"}
+        spec["fleetHealth"] = {"schedule": "@every 15m", "output": "s3a://fleet-health/bench"}
     return {
         "apiVersion": naming.API_VERSION,
         "kind": naming.KIND,

@@ -88,7 +88,7 @@ async def run_demo(args: argparse.Namespace, workdir: Path) -> int:
         replicator = Replicator(profile)
         # Quiet long enough to time out (2 intervals) but back before expiry (age): timeout, then recover.
         fleet = build_fleet(args.nodes, args.duration, interval=args.interval,
-                            quiet_for=(args.interval * 2 + args.age) / 2 + args.interval / 2)
+                            quiet_for=(args.interval * 2 + args.age) / 2 - args.interval)
         emulator = FleetEmulator(site_nc, fleet, interval=args.interval)
         print(f"fleet: {args.nodes} nodes every {args.interval}s for {args.duration}s; sampling age {args.age}s; "
               f"{sum(n.quiet_from is not None for n in fleet)} will go quiet, "

@@ -84,7 +84,7 @@ async def test_missing_consumer_and_unreachable_server_are_explained(source_serv
 
 async def test_fleet_summary_from_the_kv_bucket(target_server: LocalNatsServer, target_nc: Client) -> None:
     resource = _resource("nats://127.0.0.1:1", target_server.url, sampling={"inspect": "host", "age": "5m"},
-                         advisory={"subject": "adv"}, fleetHealth={"schedule": "@every 15m"})
+                         advisory={"subject": "adv"}, fleetHealth={"schedule": "@every 15m", "output": "/data/fleet"})
     spec = parse_spec(resource)
     with pytest.raises(NatsStatusError, match="no fleet summary yet"):
         await nats_status.read_fleet(spec, Auth(), 5)
@@ -129,7 +129,7 @@ async def test_operator_reports_lag_and_fleet_in_status(
     target_server: LocalNatsServer, target_nc: Client,
 ) -> None:
     resource = _resource(source_server.url, target_server.url, sampling={"inspect": "host", "age": "5m"},
-                         advisory={"subject": "adv"}, fleetHealth={"schedule": "@every 15m"})
+                         advisory={"subject": "adv"}, fleetHealth={"schedule": "@every 15m", "output": "/data/fleet"})
     for key in ("uid", "generation"):
         resource["metadata"].pop(key)
     await _consumer_with_backlog(source_nc, "replication_cmdb-city1")
