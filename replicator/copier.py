@@ -122,6 +122,15 @@ class Stopper:
             await asyncio.wait_for(self.event.wait(), seconds)
 
 
+async def wait_wake(wake: asyncio.Event, timeout: float) -> None:
+    """Wait for new messages or acks, at most `timeout`; cheaper than wait_for (no task per wait)."""
+    if not wake.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await wake.wait()
+    wake.clear()
+
+
 class Backoff:
     def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
         self.first, self.cap, self.delay = first, cap, first
@@ -299,9 +308,7 @@ class OrderedCopier:
             room = self.max_in_flight - len(self.window)
             if room > 0:
                 await puller.request(room)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), 1.0)
-            self.wake.clear()
+            await wait_wake(self.wake, 1.0)
             if puller.last_status is not None:
                 status, text = puller.last_status
                 puller.last_status = None
@@ -421,12 +428,12 @@ class OrderedCopier:
                     return
                 copied += 1
                 copied_bytes += len(head.msg.data)
+                observe(now - head.received)
                 if self.blocked_since is not None:
                     log.info("%s target accepts messages again", ep.worker)
                     self.blocked_since = None
                     m.target_blocked.set(0)
             self.window.popleft()
-            observe(now - head.received)
             last_done = head
         self._count_copied(copied, copied_bytes)
         if last_done is not None:
@@ -615,9 +622,7 @@ class ScaledWorker:
                 room = self.max_in_flight - self.in_flight
                 if room > 0:
                     await puller.request(room)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), 1.0)
-                self.wake.clear()
+                await wait_wake(self.wake, 1.0)
                 if puller.last_status is not None:
                     status, text = puller.last_status
                     puller.last_status = None

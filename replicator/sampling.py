@@ -8,12 +8,13 @@ whose sender cannot be found is copied and counted: sampling must never lose dat
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import orjson
 
 from replicator.config import TopicConfig
 from replicator.limiter_state import Sender, StateStore
@@ -72,7 +73,7 @@ def _scalar_key(value: Any) -> str | None:
     if isinstance(value, str):
         return value or None
     if isinstance(value, int | float):
-        return json.dumps(value)
+        return orjson.dumps(value).decode()
     return None
 
 
@@ -109,8 +110,8 @@ class _Payload:
         if not self._parsed:
             self._parsed = True
             try:
-                self._doc = json.loads(self._raw)
-            except (ValueError, RecursionError):
+                self._doc = orjson.loads(self._raw)
+            except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
                 self._doc = _MISSING
         return self._doc
 
