@@ -34,7 +34,7 @@ async def time_fill(nc: Client, stream: str, count: int, timeout: float = 600.0)
     while time.monotonic() < deadline:
         try:
             n = (await js.stream_info(stream)).state.messages
-        except Exception:  # noqa: BLE001 - not created yet
+        except Exception:
             n = 0
         now = time.monotonic()
         if n and first is None:

@@ -76,8 +76,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     @kopf.on.event(*resource, id="forget", registry=registry)
     def on_resource_event(type: str, body: kopf.Body, **_: Any) -> None:
         if type == "DELETED":
-            meta = body["metadata"]
-            reconciler.forget(meta["uid"], meta.get("namespace", ""), meta["name"])
+            reconciler.forget(body["metadata"]["uid"])
 
     for kind in naming.CHILD_KINDS:
         register_child_watch(registry, reconciler, kind)

@@ -33,7 +33,6 @@ from replication_operator.spec import ReplicationSpec, SpecError, parse_spec
 
 log = logging.getLogger("replication_operator")
 
-FLEET_HEALTH_UNAVAILABLE = "FleetHealthUnavailable"
 OPTIONAL_KINDS = (naming.SERVICE_MONITOR, naming.SCHEDULED_SPARK_APPLICATION)
 ChildKey = tuple[str, str, str]  # (plural, namespace, name)
 
@@ -108,7 +107,7 @@ class Reconciler:
             self.memory[uid] = _Memory()
         return self.memory[uid]
 
-    def forget(self, uid: str, namespace: str, name: str) -> None:
+    def forget(self, uid: str) -> None:
         """The resource is gone: drop its memory and its children's desired state."""
         self.memory.pop(uid, None)
         for key in [k for k, v in self.desired.items() if controlled_by(v, uid)]:
@@ -150,7 +149,7 @@ class Reconciler:
                 try:
                     children = builders.build_children(body, self._options(tls_keys))
                 except FleetHealthUnavailable as err:
-                    problems.append(st.Problem(FLEET_HEALTH_UNAVAILABLE, str(err)))
+                    problems.append(st.Problem(st.FLEET_HEALTH_UNAVAILABLE, str(err)))
                 except SpecError as err:
                     problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 

@@ -106,9 +106,7 @@ def build_scheduled_spark_application(resource: Mapping[str, Any]) -> dict[str, 
         raise SpecError("spec.fleetHealth is not set")
     output = fleet.get("output")
     if not output:
-        raise SpecError(
-            "spec.fleetHealth.output is required: where the Parquet tables go (path or s3a:// URI)"
-        )
+        raise SpecError("spec.fleetHealth.output is required: where the Parquet tables go (path or s3a:// URI)")
 
     cluster = _advisory_cluster(spec)
     url = fleet.get("url") or cluster.get("url")

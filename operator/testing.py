@@ -67,6 +67,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self._versions = itertools.count(1)
         self._last_version = 0
+        self.calls = 0  # API requests served
+        self.writes = 0  # of which creates, patches and deletes
+        self._inflight: dict[int, kmock.Request] = {}
         self._with_status: set[tuple[str, str]] = set()
         for path, kind, namespaced, subresources in RESOURCES:
             self.resources[path] = kmock.ResourceInfo(
@@ -110,12 +113,22 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return (gv, str(resource.plural)) in self._with_status
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        if request.resource is not None and isinstance(request.data, dict | list):
-            if request.action == kmock.action.CREATE and isinstance(request.data, dict):
-                self._stamp_create(request)
-            elif request.action == kmock.action.UPDATE and request.name is not None:
-                self._stamp_update(request)
-        return await super()._handle(request)
+        self.calls += 1
+        if request.action in (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE):
+            self.writes += 1
+        # kmock matches every request against its reactions by scanning the whole request history,
+        # which makes thousands of requests quadratic: keep only the requests still being served.
+        self._inflight[id(request)] = request
+        self._requests[:] = [r for r in self._requests if id(r) in self._inflight]
+        try:
+            if request.resource is not None and isinstance(request.data, dict | list):
+                if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+                    self._stamp_create(request)
+                elif request.action == kmock.action.UPDATE and request.name is not None:
+                    self._stamp_update(request)
+            return await super()._handle(request)
+        finally:
+            self._inflight.pop(id(request), None)
 
     def _stamp_create(self, request: kmock.Request) -> None:
         data: dict[str, Any] = request.data
@@ -166,11 +179,17 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             data.extend({"op": "add", "path": f"/metadata/{k}", "value": v} for k, v in stamps.items())
 
     # ---- conveniences for tests ----
-    def get(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None:  # type: ignore[override]
+    def peek(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object itself (no copy: read only), or None."""
         key = (kmock.resource(kind.group, kind.version, kind.plural), namespace, name)
         if key not in self.objects or self.objects[key].deleted:
             return None
-        return copy.deepcopy(self.objects[key].raw)
+        return self.objects[key].raw
+
+    def get(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None:  # type: ignore[override]
+        """A copy of the stored object, or None."""
+        found = self.peek(kind, namespace, name)
+        return copy.deepcopy(found) if found is not None else None
 
 
 async def wait_for(predicate: Any, within: float = 5.0, interval: float = 0.02) -> Any:

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     advisories_cli.add_arguments(sub.add_parser("advisories", help="show (or --follow) a topic's advisories"))
     state_cli.add_arguments(sub.add_parser("state", help="the senders the limiter tracks (file or KV state)"))
+    from replicator.fleet_health import cli as fleet_health_cli
+
+    fleet_health_cli.add_arguments(sub.add_parser("fleet-health", help="run the fleet-health Spark job locally"))
     demo.add_arguments(sub.add_parser("demo", help="the embedded default: local servers, a fleet, replication, "
                                                    "advisories and fleet health"))
     return parser
@@ -97,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from replicator import demo
 
             return demo.run_from_args(args)
+        if args.command == "fleet-health":
+            from replicator.fleet_health import cli as fleet_health_cli
+
+            return fleet_health_cli.run_from_args(args)
         return asyncio.run(handlers[args.command](args))
     except ConfigError as err:
         print(f"stream-replicator: config error: {err}", file=sys.stderr)

@@ -9,6 +9,7 @@ import random
 import ssl
 from collections.abc import Callable
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 import nats
 import nats.errors
@@ -56,14 +57,42 @@ def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
         # Subjects come from JetStream and the config, already valid; validating each costs a regex.
         "skip_subject_validation": True,
     }
+    opts["servers"], auth = split_userinfo(urls)
+    opts.update(auth)
     creds = profile.credentials_for(side)
     if creds:
         opts["user_credentials"] = creds
     tls = profile.tls_for(side)
     if tls:
-        opts["tls"] = tls_context(tls)
-        opts["servers"] = [u.replace("nats://", "tls://", 1) for u in urls]
+        try:
+            opts["tls"] = tls_context(tls)
+        except ConnectError as err:
+            raise ConnectError(f"{side} {err}") from None
+        opts["servers"] = [u.replace("nats://", "tls://", 1) for u in opts["servers"]]
     return opts
+
+
+def split_userinfo(urls: list[str]) -> tuple[list[str], dict[str, str]]:
+    """URLs without `user:password@` / `token@`, and that userinfo, percent-decoded, as options.
+
+    nats-py sends URL userinfo as written, so a password with `@ / # ? %` (percent-encoded, as
+    URLs require) could never authenticate. Done only when every URL carries the same userinfo
+    (one cluster, one identity); otherwise the URLs are left to nats-py as they are.
+    """
+    try:
+        parts = [urlsplit(u) for u in urls]
+        infos = {(p.username, p.password) for p in parts}
+    except ValueError:
+        return urls, {}
+    if len(infos) != 1:
+        return urls, {}
+    user, password = infos.pop()
+    if user is None:
+        return urls, {}
+    clean = [p._replace(netloc=p.netloc.rsplit("@", 1)[1]).geturl() for p in parts]
+    if password is None:
+        return clean, {"token": unquote(user)}
+    return clean, {"user": unquote(user), "password": unquote(password)}
 
 
 class _Client(Client):
@@ -88,6 +117,7 @@ PLAINTEXT_REFUSED = "TLS is configured but the server does not offer TLS (refusi
 _TRANSIENT_SSL = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError,
                   ssl.SSLSyscallError)
 _CREDENTIAL_HINTS = ("authorization violation", "authentication expired", "authentication revoked")
+_URL_HINTS = ("invalid connect url", "invalid hostname in connect url", "mixing of websocket")
 
 
 def permanent_reason(err: BaseException) -> str | None:
@@ -107,9 +137,13 @@ def permanent_reason(err: BaseException) -> str | None:
                 return f"TLS: the server rejected our client certificate ({alert}); check tls.cert / tls.key"
             return f"TLS: the server refused the handshake ({alert})"
         return f"TLS handshake failed ({reason})"
+    if isinstance(err, ImportError):  # nats-py imports nkeys only when a credentials file is used
+        return f"credentials need the Python package {err.name or 'nkeys'!r} (pip install 'nats-py[nkeys]')"
     text = str(err).lower()
     if PLAINTEXT_REFUSED.lower() in text:
         return PLAINTEXT_REFUSED
+    if any(hint in text for hint in _URL_HINTS):
+        return f"the URL cannot be used ({err}); check it (user:password must be percent-encoded)"
     if any(hint in text for hint in _CREDENTIAL_HINTS):
         return ("the server refused the credentials (authorization violation); check the URL's "
                 "user/password or token, or the credentials file")

@@ -284,7 +284,7 @@ class OrderedCopier:
                 try:
                     await self.bind()
                     break
-                except Exception as err:  # noqa: BLE001 - setup retried until it works or we stop
+                except Exception as err:
                     log.warning("%s cannot bind consumer: %s", ep.worker, err)
                     await self.stopper.sleep(self.backoff.next())
             self.backoff.reset()
@@ -481,12 +481,13 @@ class OrderedCopier:
         if landed is None:
             await self.stopper.sleep(self.backoff.next())
             for e in self.window:
-                e.future = None
+                e.future = _settled(e.future)
             self.chain_open = False
             return
         # Messages acknowledged before the failure stay done; the landed prefix is done too.
         while self.window and (self.window[0].seq <= landed or self._acked_ok(self.window[0])):
             done = self.window.popleft()
+            _settled(done.future)
             if done.copy:
                 m.copied_msgs.inc()
                 m.copied_bytes.inc(len(done.msg.data))
@@ -497,7 +498,7 @@ class OrderedCopier:
             log.error("%s gave up on source sequence %d after %d attempts: %s (skipped, counted in failed_msgs)",
                       ep.worker, head.seq, head.attempts, err.description)
         for e in self.window:
-            e.future = None
+            e.future = _settled(e.future)
         self.chain_open = False
         if self.committed:
             m.current_sequence.set(self.committed)
@@ -521,7 +522,7 @@ class OrderedCopier:
                 ep.target_js, ep.target_stream, self.transform.rewrite(ep.profile.settings.topic),
                 ep.source_stream, ep.profile.base_name,
             )
-        except Exception as err:  # noqa: BLE001 - target unreachable: try again after backoff
+        except Exception as err:
             log.warning("%s cannot read the target's last message yet: %s", ep.worker, err)
             return None
 
@@ -529,7 +530,7 @@ class OrderedCopier:
         """409s: the consumer was deleted or lost leadership; rebind where we are."""
         ep = self.ep
         log.warning("%s consumer status %d %s", ep.worker, status, text)
-        if "deleted" in text.lower() or status == 409 and "leadership" in text.lower():
+        if "deleted" in text.lower() or (status == 409 and "leadership" in text.lower()):
             await self._rebind(delete=False)
 
     async def _rebind(self, *, delete: bool) -> None:
@@ -552,7 +553,7 @@ class OrderedCopier:
             self.last_cseq = 0
             self.gap = None
             log.info("%s recreated consumer %s at sequence %d", ep.worker, ep.profile.durable_name, resume)
-        except Exception as err:  # noqa: BLE001 - retried on the next pass (a gap stays recorded)
+        except Exception as err:
             log.warning("%s cannot recreate consumer: %s", ep.worker, err)
             await self.stopper.sleep(self.backoff.next())
 
@@ -575,6 +576,14 @@ class OrderedCopier:
                 break
         with contextlib.suppress(Exception):
             await self.ep.source_nc.flush(timeout=2)
+
+
+def _settled(fut: asyncio.Future[None] | None) -> None:
+    """Drop a publish future we no longer wait for, reading its error first: an unread one makes
+    asyncio log "Future exception was never retrieved" with a traceback, once per message."""
+    if fut is not None and fut.done() and not fut.cancelled():
+        fut.exception()
+    return None
 
 
 @dataclass(slots=True)
@@ -609,7 +618,7 @@ class ScaledWorker:
             try:
                 await ensure_group_consumer(ep, self.max_in_flight)
                 break
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 log.warning("%s cannot bind consumer: %s", ep.worker, err)
                 await self.stopper.sleep(backoff.next())
         puller = Puller(ep.source_nc, ep.source_stream, ep.profile.group_name, batch=ep.profile.settings.batch,

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nats.aio.client import Client
-from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError
 
 STATUS = "Status"
 DESCRIPTION = "Description"
@@ -90,16 +90,19 @@ class JsMeta:
 
 
 def parse_ack_subject(reply: str) -> JsMeta:
-    """Both the v1 (`$JS.ACK.<stream>...`) and v2 (with domain and account hash) forms."""
+    """Both the v1 (`$JS.ACK.<stream>...`) and v2 (with domain and account hash) forms.
+
+    v1: `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`;
+    v2: `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]`.
+    """
     tokens = reply.split(".")
-    if len(tokens) >= 12:  # $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<d>.<sseq>.<cseq>.<ts>.<pending>[.<rand>]
-        tokens = tokens[4:]
-        return JsMeta(tokens[0], tokens[1], int(tokens[2]), int(tokens[3]), int(tokens[4]), int(tokens[5]), int(tokens[6]))
     if len(tokens) == 9:
-        return JsMeta(
-            tokens[2], tokens[3], int(tokens[4]), int(tokens[5]), int(tokens[6]), int(tokens[7]), int(tokens[8])
-        )
-    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+        t = tokens[2:]
+    elif len(tokens) >= 11:
+        t = tokens[4:]
+    else:
+        raise ValueError(f"not a JetStream ack subject: {reply!r}")
+    return JsMeta(t[0], t[1], int(t[2]), int(t[3]), int(t[4]), int(t[5]), int(t[6]))
 
 
 class Puller:
@@ -140,7 +143,7 @@ class Puller:
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - closing connection: nothing left to unsubscribe
+            except Exception:
                 pass
             self._sub = None
 
@@ -221,7 +224,7 @@ class Publisher:
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self._sub = None
 
@@ -280,10 +283,12 @@ async def send_hpub(nc: Client, subject: str, reply: str, headers: dict[str, str
     size = len(data)
     if not nc.is_connected and (nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size):
         raise OutboundBufferLimitError
-    if size > nc._max_payload:
-        raise MaxPayloadError
     hdr = ("NATS/1.0\r\n" + "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) + "\r\n").encode()
     hlen = len(hdr)
+    # The server limits headers + payload; going over is a protocol violation that closes the
+    # connection for good (nats-py does not reconnect after an -ERR). Refuse it here instead.
+    if hlen + size > nc._max_payload:
+        raise MaxPayloadError
     cmd = b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), hlen, hlen + size, hdr, data)
     nc.stats["out_msgs"] += 1
     nc.stats["out_bytes"] += size
@@ -296,19 +301,19 @@ async def ack(nc: Client, reply: str, on_error: Callable[[], None]) -> None:
     """A fire-and-forget +ACK; a failure is counted, and the message comes back after ack_wait."""
     try:
         await nc.publish(reply, b"+ACK")
-    except Exception:  # noqa: BLE001 - any send failure means the same: redelivery later
+    except Exception:
         on_error()
 
 
 async def nak(nc: Client, reply: str, delay: float, on_error: Callable[[], None]) -> None:
     try:
         await nc.publish(reply, b"-NAK " + json.dumps({"delay": int(delay * 1e9)}).encode())
-    except Exception:  # noqa: BLE001
+    except Exception:
         on_error()
 
 
 async def term(nc: Client, reply: str, on_error: Callable[[], None]) -> None:
     try:
         await nc.publish(reply, b"+TERM")
-    except Exception:  # noqa: BLE001
+    except Exception:
         on_error()

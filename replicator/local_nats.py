@@ -103,7 +103,7 @@ class LocalNatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         conf = self.store_dir / "server.conf"
         conf.write_text(self.config_text())
-        log = open(self.store_dir / "server.log", "ab")  # noqa: SIM115 - lives as long as the process
+        log = open(self.store_dir / "server.log", "ab")
         self.process = subprocess.Popen(
             [nats_server_binary(), "-c", str(conf)],
             stdout=log,

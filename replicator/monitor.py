@@ -17,7 +17,9 @@ ReadinessProbe = Callable[[], tuple[bool, dict[str, object]]]
 
 
 class MonitorServer:
-    def __init__(self, registry: CollectorRegistry, readiness: ReadinessProbe, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(
+        self, registry: CollectorRegistry, readiness: ReadinessProbe, port: int, host: str = "0.0.0.0"
+    ) -> None:
         self.registry = registry
         self.readiness = readiness
         self.port = port

@@ -32,7 +32,7 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
         opts = connect_options(profile, "source", f"{profile.base_name}_report")
         opts.update(allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout)
         nc = await nats.connect(**opts)
-    except Exception as err:  # noqa: BLE001 - every failure becomes the row's error text
+    except Exception as err:
         row.error = f"source unreachable: {err or type(err).__name__}"
         return row
     try:
@@ -42,7 +42,7 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
         info = await js.consumer_info(row.source_stream, profile.consumer_name)
         row.lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
         row.last_active = info.delivered.last_active if info.delivered else None
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         row.error = str(err) or type(err).__name__
         if "consumer not found" in row.error.lower():
             row.error = "consumer not found: the replicator has not started yet"

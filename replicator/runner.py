@@ -12,8 +12,8 @@ from nats.aio.client import Client
 
 from replicator.config import Profile
 from replicator.connections import connect
-from replicator.election import LeaderElection
 from replicator.copier import Endpoints, OrderedCopier, ScaledWorker, Stopper
+from replicator.election import LeaderElection
 from replicator.metrics import Metrics, WorkerMetrics
 from replicator.monitor import MonitorServer
 from replicator.sampling_wiring import SamplingPlane
@@ -123,7 +123,7 @@ class Replicator:
                 return source_stream, target_stream
             except StreamSetupError as err:
                 log.error("%s (retrying)", err)
-            except Exception as err:  # noqa: BLE001 - servers not ready yet: retry
+            except Exception as err:
                 log.warning("stream set-up failed: %s (retrying)", err)
             if self.stopper.stopping:
                 raise StreamSetupError("stopped before the streams were ready")

@@ -92,7 +92,7 @@ class SamplingPlane:
         if self.store is not None:
             try:
                 await self.store.close()
-            except Exception as err:  # noqa: BLE001 - report, but never block shutdown on state
+            except Exception as err:
                 log.warning("limiter state not saved: %s", err)
         if self.control is not None and not self.control.is_closed:
             with contextlib.suppress(Exception):

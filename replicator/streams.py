@@ -110,7 +110,7 @@ async def ensure_target_stream(
         subjects=subjects,
         mirror=None,
         sources=None,
-        sealed=None,
+        sealed=False,
         subject_transform=None,
         republish=None,
         placement=None,
@@ -124,7 +124,7 @@ async def ensure_target_stream(
 
 def _drop_unset(cfg: StreamConfig) -> StreamConfig:
     """Copying a live config carries server-assigned fields that a create request must not send."""
-    if getattr(cfg, "metadata", None):
+    if cfg.metadata:
         cfg = replace(cfg, metadata={k: v for k, v in cfg.metadata.items() if not k.startswith("_nats")})
     return cfg
 

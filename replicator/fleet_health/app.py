@@ -15,9 +15,7 @@ from replicator.fleet_health.cli import add_arguments, run_from_args
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(
-        prog="fleet-health", description="Aggregate advisories into fleet health."
-    )
+    parser = argparse.ArgumentParser(prog="fleet-health", description="Aggregate advisories into fleet health.")
     add_arguments(parser)
     parser.set_defaults(master="submit")
     return run_from_args(parser.parse_args(argv))

@@ -16,13 +16,9 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="NATS URL(s) of the advisory cluster, comma-separated")
-    parser.add_argument(
-        "--stream", default=None, help="the advisory stream (default: the one storing --subject)"
-    )
+    parser.add_argument("--stream", default=None, help="the advisory stream (default: the one storing --subject)")
     parser.add_argument("--subject", default=None, help="read only this subject (the advisory subject)")
-    parser.add_argument(
-        "--output", required=True, help="Parquet output root: a path or a Hadoop URI (s3a://...)"
-    )
+    parser.add_argument("--output", required=True, help="Parquet output root: a path or a Hadoop URI (s3a://...)")
     parser.add_argument("--kv-bucket", default=DEFAULT_BUCKET, help="KV bucket for the summary (%(default)s)")
     parser.add_argument(
         "--partitions", type=int, default=2, help="parallel reads of the stream, ideally executors x cores"

@@ -136,10 +136,10 @@ def run_fleet_health(
 
         state = advance_nodes(store.state(previous.run) if previous else None, events, history)
         nodes = store.write_nodes(run, node_table(state, run_time))
-        sites = [row.asDict() for row in site_table(nodes).collect()]
-        fleet_row = fleet_table(nodes).first()
-        assert fleet_row is not None
-        fleet = fleet_row.asDict()
+        site_df, fleet_df = site_table(nodes), fleet_table(nodes)
+        site_rows, fleet_rows = site_df.collect(), fleet_df.collect()
+        sites = [row.asDict() for row in site_rows]
+        fleet = fleet_rows[0].asDict()
 
         record = RunRecord(
             run=run,
@@ -154,7 +154,12 @@ def run_fleet_health(
         )
         snapshot = Snapshot(run=run, runs=(*(previous.runs if previous else ()), record))
         store.commit(snapshot)
-        store.publish(run, site_table(nodes), fleet_table(nodes))
+        # The small tables again from the collected rows: no second aggregation over the nodes.
+        store.publish(
+            run,
+            session.createDataFrame(site_rows, site_df.schema),
+            session.createDataFrame(fleet_rows, fleet_df.schema),
+        )
         store.prune(run)
 
         totals = {

@@ -144,9 +144,7 @@ class JetStreamReader(DataSourceReader):
         # formats the task's repr (with all buffered rows) when doing so.
         loop = asyncio.new_event_loop()
         try:
-            nc = loop.run_until_complete(
-                connect(opts.url, opts.credentials, name=f"fleet-health-{partition.start}")
-            )
+            nc = loop.run_until_complete(connect(opts.url, opts.credentials, name=f"fleet-health-{partition.start}"))
             reader = RangeReader(
                 nc,
                 opts.stream,

@@ -139,17 +139,15 @@ class OutputStore:
     def commit(self, snapshot: Snapshot) -> None:
         rows = [tuple(asdict(r).values()) for r in snapshot.runs]
         base = self.path("state", f"run={snapshot.run}")
-        self.spark.createDataFrame(rows, RUN_SCHEMA).coalesce(1).write.mode("overwrite").parquet(
-            f"{base}/runs"
-        )
+        self.spark.createDataFrame(rows, RUN_SCHEMA).coalesce(1).write.mode("overwrite").parquet(f"{base}/runs")
         fs, marker = self._fs_path(f"{base}/{COMMITTED}")
         fs.create(marker, True).close()
 
     def publish(self, run: int, sites: DataFrame, fleet: DataFrame) -> None:
         """Stable copies for readers; a crash here is repaired by the next run."""
-        self.state(run).coalesce(max(1, self.spark.sparkContext.defaultParallelism)).write.mode(
-            "overwrite"
-        ).parquet(self.path("nodes"))
+        self.state(run).coalesce(max(1, self.spark.sparkContext.defaultParallelism)).write.mode("overwrite").parquet(
+            self.path("nodes")
+        )
         sites.coalesce(1).write.mode("overwrite").parquet(self.path("sites"))
         fleet.coalesce(1).write.mode("overwrite").parquet(self.path("fleet"))
 

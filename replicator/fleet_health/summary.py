@@ -76,10 +76,7 @@ def build_summary(
 def site_documents(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """`site.<token>` -> that site's row with the run it belongs to."""
     stamp = {k: summary[k] for k in ("stream", "run", "last_run", "last_sequence")}
-    return {
-        site_key(site["replicator"]): {"$schema": SITE_SCHEMA_ID, **site, **stamp}
-        for site in summary["sites"]
-    }
+    return {site_key(site["replicator"]): {"$schema": SITE_SCHEMA_ID, **site, **stamp} for site in summary["sites"]}
 
 
 def _encode(document: Mapping[str, Any]) -> bytes:
@@ -90,14 +87,10 @@ async def _bucket(js: Any, bucket: str) -> KeyValue:
     try:
         return await js.key_value(bucket)
     except BucketNotFoundError:
-        return await js.create_key_value(
-            bucket=bucket, history=5, description="stream-replicator fleet health"
-        )
+        return await js.create_key_value(bucket=bucket, history=5, description="stream-replicator fleet health")
 
 
-async def publish_summary(
-    url: str, bucket: str, summary: Mapping[str, Any], credentials: str | None = None
-) -> None:
+async def publish_summary(url: str, bucket: str, summary: Mapping[str, Any], credentials: str | None = None) -> None:
     nc = await connect(url, credentials, name="fleet-health-summary")
     try:
         kv = await _bucket(nc.jetstream(), bucket)
@@ -109,9 +102,7 @@ async def publish_summary(
         await nc.close()
 
 
-async def read_summary(
-    url: str, bucket: str = DEFAULT_BUCKET, credentials: str | None = None
-) -> dict[str, Any]:
+async def read_summary(url: str, bucket: str = DEFAULT_BUCKET, credentials: str | None = None) -> dict[str, Any]:
     nc = await connect(url, credentials, name="fleet-health-reader")
     try:
         kv = await nc.jetstream().key_value(bucket)

@@ -125,9 +125,7 @@ def _fold(steps: DataFrame) -> DataFrame:
             ).otherwise(F.lit(0)),
         )
     )
-    last = F.max_by(
-        F.struct("event", "timestamp", "sequence", "_open_since"), F.struct("timestamp", "sequence")
-    )
+    last = F.max_by(F.struct("event", "timestamp", "sequence", "_open_since"), F.struct("timestamp", "sequence"))
     folded = steps.groupBy(*KEYS).agg(
         F.min("first_seen").alias("first_seen"),
         F.sum("timeouts").alias("timeouts"),
@@ -184,9 +182,7 @@ def advance_nodes(previous: DataFrame | None, events: DataFrame, history: DataFr
 def node_table(state: DataFrame, now: int) -> DataFrame:
     """The `nodes` table as of `now` (unix s): an open timeout counts as downtime up to `now`."""
     still_open = F.greatest(F.lit(0).cast("long"), F.lit(now).cast("long") - F.col("timeout_since"))
-    downtime = F.col("closed_downtime_seconds") + F.when(F.col("state") == TIMEOUT, still_open).otherwise(
-        F.lit(0)
-    )
+    downtime = F.col("closed_downtime_seconds") + F.when(F.col("state") == TIMEOUT, still_open).otherwise(F.lit(0))
     return state.withColumn("downtime_seconds", downtime.cast("long")).select(*NODE_COLUMNS)
 
 

@@ -87,7 +87,7 @@ async def wait_for_count(nc: Client, stream: str, count: int, timeout: float = 3
     while time.monotonic() < deadline:
         try:
             n = (await js.stream_info(stream)).state.messages
-        except Exception:  # noqa: BLE001 - stream may not exist yet
+        except Exception:
             n = -1
         if n >= count:
             return n
@@ -118,7 +118,7 @@ def spawn(config_path: Path, topic: str = "fleet", *extra: str, instance: str | 
     env = dict(os.environ)
     if instance:
         env["SR_INSTANCE"] = instance
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     return subprocess.Popen(
         [sys.executable, "-m", "replicator", "--config", str(config_path), "--topic", topic, *extra],
         stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,

@@ -1,6 +1,6 @@
 from __future__ import annotations
-import asyncio
 
+import asyncio
 
 from tests.dataplane.helpers import (
     InProcess,

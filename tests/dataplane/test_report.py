@@ -3,8 +3,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.dataplane.helpers import InProcess, make_stream, profile_for, publish_many, topic_config, wait_for_count
-from tests.dataplane.helpers import write_config
+from tests.dataplane.helpers import (
+    InProcess,
+    make_stream,
+    profile_for,
+    publish_many,
+    topic_config,
+    wait_for_count,
+    write_config,
+)
 
 
 async def test_report_shows_streams_consumer_lag_and_errors(tmp_path, source_server, target_server, source_nc,

@@ -152,8 +152,8 @@ def test_non_finite_durations_are_config_errors(value: object) -> None:
         parse_config(_config({"max_age": value}, {}), "sr.yaml")
 
 
-@pytest.mark.xfail(strict=False, reason="config.py URL check `[^\\s/]+(:\\d+)?` lets `host:port` through as the "
-                   "host: the process then retries a connection that can never work. Owner: lead")
+@pytest.mark.xfail(strict=False, reason="config.py URL check `[^\\s/]+(:\\d+)?` lets `host:port` through "
+                   "as the host: the process then retries a connection that can never work. Owner: lead")
 @pytest.mark.parametrize("url", ["nats://host:port", "nats://a:4222:5", "nats://:4222"])
 def test_url_with_a_bad_port_is_a_config_error(url: str) -> None:
     with pytest.raises(ConfigError, match=r"topics.cmdb.target_url: invalid NATS URL"):

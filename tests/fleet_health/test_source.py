@@ -45,9 +45,7 @@ def _load(spark: SparkSession, url: str, stream: str = STREAM, **options: object
     for key, value in options.items():
         reader = reader.option(key, str(value))
     df = reader.load()
-    return sorted(
-        (r.sequence, r.subject, r.headers.get("Nats-Msg-Id"), bytes(r.data), r.time) for r in df.collect()
-    )
+    return sorted((r.sequence, r.subject, r.headers.get("Nats-Msg-Id"), bytes(r.data), r.time) for r in df.collect())
 
 
 def test_split_range_is_contiguous_and_never_empty() -> None:
@@ -69,9 +67,7 @@ def test_options_are_checked() -> None:
     assert (opts.start_seq, opts.end_seq, opts.partitions) == (5, 9, 1)
 
 
-def test_partitions_read_the_same_rows_across_deleted_messages(
-    spark: SparkSession, filled: LocalNatsServer
-) -> None:
+def test_partitions_read_the_same_rows_across_deleted_messages(spark: SparkSession, filled: LocalNatsServer) -> None:
     results = {n: _load(spark, filled.url, partitions=n) for n in (1, 2, 3)}
     assert results[1] == results[2] == results[3]
     rows = results[1]

@@ -77,7 +77,7 @@ def test_scripted_history_gives_the_hand_computed_tables(spark: SparkSession) ->
         [10],  # dc2/n1 and dc1/n1 timed out across the cut
         [22, 27],  # the late n6 timeout and a duplicate arrive after n6 recovered
         [1, 8, 15, 20, 29],
-        list(range(3, len(MESSAGES), 3)),
+        list(range(6, len(MESSAGES), 6)),
     ],
     ids=lambda cuts: "cuts-" + "-".join(map(str, cuts)),
 )

@@ -18,22 +18,22 @@ CHART_DIR = REPO / "helm" / "stream-replicator"
 RELEASE = "sr"
 RELEASE_NAMESPACE = "ops"
 
-CHILDREN = frozenset({"get", "list", "watch", "create", "patch", "delete"})
+CHILDREN = frozenset({"get", "list", "watch", "create", "patch"})
+OPTIONAL_CHILDREN = CHILDREN | {"delete"}
 PEERING = frozenset({"get", "list", "watch", "patch"})
 
 # (apiGroup, resource) -> verbs. Namespaced resources: granted in each served namespace (or cluster-wide).
 EXPECTED_NAMESPACED: dict[tuple[str, str], frozenset[str]] = {
     ("streamreplicator.io", "streamreplications"): frozenset({"get", "list", "watch", "patch"}),
-    ("streamreplicator.io", "streamreplications/status"): frozenset({"get", "patch"}),
+    ("streamreplicator.io", "streamreplications/status"): frozenset({"patch"}),
     ("", "configmaps"): CHILDREN,
     ("", "services"): CHILDREN,
     ("apps", "deployments"): CHILDREN,
-    ("policy", "poddisruptionbudgets"): CHILDREN,
-    ("monitoring.coreos.com", "servicemonitors"): CHILDREN,
-    ("sparkoperator.k8s.io", "scheduledsparkapplications"): CHILDREN,
-    ("", "secrets"): frozenset({"get", "list", "watch"}),
+    ("policy", "poddisruptionbudgets"): OPTIONAL_CHILDREN,
+    ("monitoring.coreos.com", "servicemonitors"): OPTIONAL_CHILDREN,
+    ("sparkoperator.k8s.io", "scheduledsparkapplications"): OPTIONAL_CHILDREN,
+    ("", "secrets"): frozenset({"get"}),
     ("", "events"): frozenset({"create"}),
-    ("events.k8s.io", "events"): frozenset({"create"}),
 }
 # Cluster-scoped resources: always a ClusterRole.
 EXPECTED_CLUSTER: dict[tuple[str, str], frozenset[str]] = {

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import kmock
 import pytest
-
 from replication_operator.reconciler import OperatorConfig, Reconciler
 from replication_operator.testing import ClusterEmulator, embedded_operator
+
 from tests.operator.helpers import Api
 
 # Short intervals so that timer-driven behaviour (Secret re-checks, lag) shows within a test.

@@ -16,7 +16,6 @@ import celpy
 import jsonschema
 import kubernetes_validate
 import yaml
-
 from replication_operator import naming, worker_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,8 +186,12 @@ def fake_secret(name: str, namespace: str, data: dict[str, bytes]) -> dict[str, 
     }
 
 
-def materialise(config_text: str, root: Path, secrets: dict[str, dict[str, bytes]] | None = None,
-                mounts: dict[str, str] | None = None) -> dict[str, Any]:
+def materialise(
+    config_text: str,
+    root: Path,
+    secrets: dict[str, dict[str, bytes]] | None = None,
+    mounts: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """The config with pod paths rewritten under `root`, and the mounted files written there.
 
     `mounts` maps a pod directory to the Secret mounted there (from the Deployment's volumes).
@@ -229,8 +232,9 @@ class Api:
     def __init__(self, cluster: Any) -> None:
         self.cluster = cluster
 
-    async def _send(self, method: str, path: str, body: Any = None,
-                    content_type: str = "application/merge-patch+json") -> dict[str, Any]:
+    async def _send(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/merge-patch+json"
+    ) -> dict[str, Any]:
         headers = {"Content-Type": content_type} if body is not None else {}
         async with self.cluster.request(method, path, json=body, headers=headers) as resp:
             data = await resp.json()
@@ -241,8 +245,14 @@ class Api:
         kind = naming.kind_of(obj)
         return await self._send("POST", kind.path(obj["metadata"]["namespace"]), obj)
 
-    async def patch(self, kind: naming.Kind, namespace: str, name: str, body: dict[str, Any],
-                    subresource: str | None = None) -> dict[str, Any]:
+    async def patch(
+        self,
+        kind: naming.Kind,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         return await self._send("PATCH", kind.path(namespace, name, subresource), body)
 
     async def delete(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any]:

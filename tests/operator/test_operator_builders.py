@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-
 from replication_operator import builders, naming, worker_config
 from replication_operator.builders import BuildOptions, build_children
 from replication_operator.spec import SpecError, parse_spec
+
 from replicator.config import Profile, parse_config
 from tests.operator import helpers as h
 
@@ -33,7 +34,9 @@ SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
                 "selector": {
                     "type": "object",
                     "additionalProperties": False,
-                    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                    "properties": {
+                        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}
+                    },
                 },
                 "namespaceSelector": {
                     "type": "object",
@@ -68,22 +71,21 @@ SECRET_DATA = {
 }
 
 
-def _spark_schema() -> dict[str, Any] | None:
+@functools.cache
+def _spark_validator() -> jsonschema.Draft7Validator:
+    """The served version's schema of the Spark operator's own CRD (../shared/external, not copied)."""
     path = h.SPARK_CRDS / "sparkoperator.k8s.io_scheduledsparkapplications.yaml"
-    if not path.exists():
-        return None
+    assert path.exists(), f"spark-operator CRDs missing: {path}"
     crd = yaml.safe_load(path.read_text())
     served = [v for v in crd["spec"]["versions"] if v.get("served")]
-    return dict(served[0]["schema"]["openAPIV3Schema"])
+    return jsonschema.Draft7Validator(served[0]["schema"]["openAPIV3Schema"])
 
 
 def _validate(obj: dict[str, Any]) -> None:
     if obj["kind"] == "ServiceMonitor":
         jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
     elif obj["kind"] == "ScheduledSparkApplication":
-        schema = _spark_schema()
-        assert schema is not None, "spark-operator CRDs missing from ../shared/external"
-        jsonschema.validate(obj, schema)
+        _spark_validator().validate(obj)
     else:
         h.validate_k8s(obj)
 
@@ -184,13 +186,16 @@ def test_scaled_workers_share_a_queue_group() -> None:
     assert children.by_kind(naming.SERVICE_MONITOR) is not None
 
 
+def _without_group(namespace: str) -> dict[str, Any]:
+    resource = h.example("telemetry-region", namespace)
+    del resource["spec"]["queueGroup"]
+    return resource
+
+
 def test_default_names_are_deterministic_and_per_namespace() -> None:
-    a = build_children(h.example("telemetry-region", "team-a") | {"spec": {**h.example("telemetry-region")["spec"],
-                                                                          "queueGroup": None}})
-    again = build_children(h.example("telemetry-region", "team-a") | {"spec": {
-        **h.example("telemetry-region")["spec"], "queueGroup": None}})
-    b = build_children(h.example("telemetry-region", "team-b") | {"spec": {**h.example("telemetry-region")["spec"],
-                                                                          "queueGroup": None}})
+    a = build_children(_without_group("team-a"))
+    again = build_children(_without_group("team-a"))
+    b = build_children(_without_group("team-b"))
     assert _topic(a)["queue_group"] == "team-a_telemetry-region_grp"
     assert _topic(a) == _topic(again) and a.config_hash == again.config_hash
     assert _topic(b)["queue_group"] == "team-b_telemetry-region_grp"
@@ -203,14 +208,17 @@ def test_dots_in_resource_names_never_reach_jetstream_names() -> None:
     assert _topic(build_children(resource))["name"] == "replication_cmdb_city1"
 
 
-@pytest.mark.parametrize(("mode", "replicas", "workers", "asked", "expected"), [
-    ("scaled", 2, 4, None, "kv"),
-    ("scaled", 1, 4, "memory", "kv"),  # several workers in one pod still share senders
-    ("scaled", 1, 1, None, "file"),
-    ("ordered", 1, 1, None, "file"),
-    ("ordered", 1, 1, "memory", "memory"),
-    ("ordered", 3, 1, None, "kv"),  # standbys take over with the leader's state
-])
+@pytest.mark.parametrize(
+    ("mode", "replicas", "workers", "asked", "expected"),
+    [
+        ("scaled", 2, 4, None, "kv"),
+        ("scaled", 1, 4, "memory", "kv"),  # several workers in one pod still share senders
+        ("scaled", 1, 1, None, "file"),
+        ("ordered", 1, 1, None, "file"),
+        ("ordered", 1, 1, "memory", "memory"),
+        ("ordered", 3, 1, None, "kv"),  # standbys take over with the leader's state
+    ],
+)
 def test_limiter_state(mode: str, replicas: int, workers: int, asked: str | None, expected: str) -> None:
     sampling: dict[str, Any] = {"inspectSubjectToken": 3, "age": "5m"}
     if asked:
@@ -226,7 +234,11 @@ def test_sampling_and_advisories_map_to_the_worker_keys() -> None:
     topic = _topic(build_children(resource))
     assert topic["inspect_header"] == "Choria-Sender"
     assert (topic["age"], topic["update_flag"], topic["size_trigger"]) == ("30m", "force_update", 1024)
-    assert topic["advisory"] == {"target": "replicator.advisories.registrations", "cluster": "target", "age": "15m"}
+    assert topic["advisory"] == {
+        "target": "replicator.advisories.registrations",
+        "cluster": "target",
+        "age": "15m",
+    }
 
 
 def test_pods_are_locked_down() -> None:
@@ -341,7 +353,9 @@ def test_invalid_worker_config_is_reported_not_built() -> None:
 
 
 def test_contains_ignores_server_defaults_but_not_edits() -> None:
-    desired = {"spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}}
+    desired: dict[str, Any] = {
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "a", "image": "x"}]}}}
+    }
     live = copy.deepcopy(desired)
     live["spec"]["progressDeadlineSeconds"] = 600
     live["spec"]["template"]["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log"

@@ -6,8 +6,8 @@ import copy
 from typing import Any
 
 import pytest
-
 from replication_operator import spec as spec_module
+
 from tests.operator import helpers as h
 
 JUNCTORS = ("allOf", "anyOf", "oneOf", "not")
@@ -22,8 +22,11 @@ def test_crd_names_and_subresources() -> None:
     crd = h.crd()
     assert crd["metadata"]["name"] == "streamreplications.streamreplicator.io"
     names = crd["spec"]["names"]
-    assert (names["kind"], names["plural"], names["shortNames"]) == ("StreamReplication", "streamreplications",
-                                                                     ["srep"])
+    assert (names["kind"], names["plural"], names["shortNames"]) == (
+        "StreamReplication",
+        "streamreplications",
+        ["srep"],
+    )
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
     assert version["subresources"]["status"] == {}
@@ -53,15 +56,23 @@ def test_schema_is_structural() -> None:
     for path, node in _walk(schema):
         parent = path.rsplit("/", 1)[-1]
         in_junctor = any(f"/{j}/" in path + "/" for j in JUNCTORS)
-        if in_junctor and path.rsplit("/anyOf/", 1)[0] in int_or_string and node in (
-            {"type": "integer"}, {"type": "string"}
+        if (
+            in_junctor
+            and path.rsplit("/anyOf/", 1)[0] in int_or_string
+            and node in ({"type": "integer"}, {"type": "string"})
         ):
             continue  # the one allowed form: int-or-string's anyOf of integer and string
         if in_junctor:
             bad = [k for k in FORBIDDEN_IN_JUNCTORS if k in node]
             assert not bad, f"{path}: {bad} not allowed inside a logical junctor"
             continue
-        if parent in ("properties", "x-kubernetes-validations", "enum", "required", "x-kubernetes-list-map-keys"):
+        if parent in (
+            "properties",
+            "x-kubernetes-validations",
+            "enum",
+            "required",
+            "x-kubernetes-list-map-keys",
+        ):
             continue
         if "properties" in node or "items" in node or "additionalProperties" in node:
             assert "type" in node, f"{path}: a schema node needs a type"
@@ -179,26 +190,52 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("start time not RFC 3339", _with("spec.start", {"time": "2026-01-01 10:00"}), "date-time"),
     ("start sequence 0", _with("spec.start", {"sequence": 0}), "minimum"),
     ("sampling without key", _with("spec.sampling", {"age": "5m"}), "not valid under any"),
-    ("sampling with two keys", _with("spec.sampling", {"inspect": "a", "inspectHeader": "B", "age": "5m"}),
-     "valid under each"),
+    (
+        "sampling with two keys",
+        _with("spec.sampling", {"inspect": "a", "inspectHeader": "B", "age": "5m"}),
+        "valid under each",
+    ),
     ("sampling without age", _with("spec.sampling", {"inspect": "host"}), "age"),
     ("subject token 0", _with("spec.sampling", {"inspectSubjectToken": 0, "age": "5m"}), "minimum"),
     ("advisory without sampling", _with("spec.advisory", {"subject": "adv"}), "advisory needs sampling"),
     ("advisory wildcard subject", _spec(sampling=SAMPLING, advisory={"subject": "adv.*"}), "does not match"),
-    ("advisory on a third cluster", _spec(sampling=SAMPLING, advisory={"subject": "adv", "cluster": "central"}),
-     "is not one of"),
-    ("fleet health without advisory", _spec(sampling=SAMPLING, fleetHealth={"schedule": "@every 15m", "output": "/data/fleet"}),
-     "fleetHealth needs advisory"),
-    ("fleet health without output", _spec(sampling=SAMPLING, advisory={"subject": "adv"},
-                                          fleetHealth={"schedule": "@every 15m"}), "output"),
-    ("fleet health bad schedule", _spec(sampling=SAMPLING, advisory={"subject": "adv"},
-                                        fleetHealth={"schedule": "every hour", "output": "/data/fleet"}), "does not match"),
-    ("memory limiter with many workers",
-     _spec(mode="scaled", replicas=3, sampling={**SAMPLING, "limiterState": "memory"}), "limiterState must be kv"),
+    (
+        "advisory on a third cluster",
+        _spec(sampling=SAMPLING, advisory={"subject": "adv", "cluster": "central"}),
+        "is not one of",
+    ),
+    (
+        "fleet health without advisory",
+        _spec(sampling=SAMPLING, fleetHealth={"schedule": "@every 15m", "output": "/data/fleet"}),
+        "fleetHealth needs advisory",
+    ),
+    (
+        "fleet health without output",
+        _spec(sampling=SAMPLING, advisory={"subject": "adv"}, fleetHealth={"schedule": "@every 15m"}),
+        "output",
+    ),
+    (
+        "fleet health bad schedule",
+        _spec(
+            sampling=SAMPLING,
+            advisory={"subject": "adv"},
+            fleetHealth={"schedule": "every hour", "output": "/data/fleet"},
+        ),
+        "does not match",
+    ),
+    (
+        "memory limiter with many workers",
+        _spec(mode="scaled", replicas=3, sampling={**SAMPLING, "limiterState": "memory"}),
+        "limiterState must be kv",
+    ),
     ("credentials without name", _with("spec.source.credentialsSecret", {"key": "user.creds"}), "name"),
     ("secret name with capitals", _with("spec.target.tlsSecret", "My-TLS"), "does not match"),
     ("port below 1024", _with("spec.monitoring", {"port": 80}), "minimum"),
-    ("unknown toleration operator", _with("spec.tolerations", [{"key": "a", "operator": "In"}]), "is not one of"),
+    (
+        "unknown toleration operator",
+        _with("spec.tolerations", [{"key": "a", "operator": "In"}]),
+        "is not one of",
+    ),
     ("bad quantity", _with("spec.resources", {"limits": {"memory": "lots"}}), "does not match"),
     ("name with capitals", _base() | {"metadata": {"name": "Bad"}}, "DNS-1035"),
     ("name too long", _base() | {"metadata": {"name": "a" * 51}}, "DNS-1035"),
@@ -213,11 +250,14 @@ def test_crd_rejects(case: str, resource: dict[str, Any], expected: str) -> None
     assert any(expected in e for e in errors), errors
 
 
-@pytest.mark.parametrize(("field", "before", "after"), [
-    ("mode", "ordered", "scaled"),
-    ("name", "A", "B"),
-    ("queueGroup", "g1", "g2"),
-])
+@pytest.mark.parametrize(
+    ("field", "before", "after"),
+    [
+        ("mode", "ordered", "scaled"),
+        ("name", "A", "B"),
+        ("queueGroup", "g1", "g2"),
+    ],
+)
 def test_consumer_identity_is_immutable(field: str, before: str, after: str) -> None:
     old = _base()
     if field == "queueGroup":
@@ -232,11 +272,14 @@ def test_consumer_identity_is_immutable(field: str, before: str, after: str) -> 
     assert h.cr_errors(same, old) == []
 
 
-@pytest.mark.parametrize(("path", "value", "message"), [
-    ("spec.sampling", {"age": "5m"}, "exactly one of inspect, inspectHeader, inspectSubjectToken"),
-    ("spec.sampling", {"inspect": "a", "inspectSubjectToken": 2, "age": "5m"}, "exactly one of inspect"),
-    ("spec.start", {"delta": "1h", "time": "2026-01-01T00:00:00Z"}, "exactly one of sequence, time"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("spec.sampling", {"age": "5m"}, "exactly one of inspect, inspectHeader, inspectSubjectToken"),
+        ("spec.sampling", {"inspect": "a", "inspectSubjectToken": 2, "age": "5m"}, "exactly one of inspect"),
+        ("spec.start", {"delta": "1h", "time": "2026-01-01T00:00:00Z"}, "exactly one of sequence, time"),
+    ],
+)
 def test_one_of_rules_also_have_readable_cel_messages(path: str, value: Any, message: str) -> None:
     """The oneOf (checked by any JSON Schema validator) has a CEL twin that says what to fix."""
     resource = h.apply_defaults(h.schema(), _with(path, value))

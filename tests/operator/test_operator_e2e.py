@@ -2,12 +2,14 @@
 
 The ConfigMap and Deployment come from the real operator (over the API emulator). The container's
 command, arguments and environment are run locally as a process, with the config file written from
-the ConfigMap and its pod paths moved under a temporary directory.
+the ConfigMap, the mounted Secrets' files written from their objects, and every pod path moved under
+a temporary directory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import signal
@@ -17,16 +19,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import yaml
 from nats.aio.client import Client
-
-from replication_operator import naming
+from replication_operator import naming, nats_status
 from replication_operator.reconciler import Reconciler
 from replication_operator.testing import wait_for
+
 from replicator.local_nats import LocalNatsServer, free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
+from tests.support import certs, nats_jwt
 
 NS = "e2e"
 MESSAGES = 50
@@ -46,12 +50,17 @@ def _resource(name: str, source: str, target: str, **spec: Any) -> dict[str, Any
     }
 
 
-def _pod_process(deployment: dict[str, Any], configmap: dict[str, Any], root: Path,
-                 pod_name: str) -> tuple[list[str], dict[str, str], int]:
+def _pod_process(
+    deployment: dict[str, Any],
+    configmap: dict[str, Any],
+    root: Path,
+    pod_name: str,
+    secrets: dict[str, dict[str, bytes]],
+) -> tuple[list[str], dict[str, str], int]:
     """argv, environment and monitor port of the Deployment's container, runnable here."""
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    config = h.materialise(configmap["data"][naming.CONFIG_KEY], root, {}, h.secret_mounts(deployment))
+    config = h.materialise(configmap["data"][naming.CONFIG_KEY], root, secrets, h.secret_mounts(deployment))
     port = free_port()
     for topic in config["topics"].values():
         topic["monitor"] = port
@@ -92,31 +101,34 @@ def _running(argv: list[str], env: dict[str, str], log: Path) -> Any:
                 proc.wait()
 
 
-@pytest.mark.parametrize("mode", ["ordered", "standby", "scaled"])
-async def test_the_operators_deployment_replicates(
-    mode: str, api: Api, operator: Reconciler, tmp_path: Path,
-    source_server: LocalNatsServer, target_server: LocalNatsServer, source_nc: Client, target_nc: Client,
+async def _run_pods(
+    api: Api,
+    name: str,
+    pods: int,
+    tmp_path: Path,
+    source_js: Any,
+    target_nc: Client,
+    consumer: str,
+    ordered: bool,
 ) -> None:
-    spec: dict[str, Any] = {"mode": "scaled" if mode == "scaled" else "ordered"}
-    if mode == "scaled":
-        spec.update(replicas=2, workersPerPod=3)
-    if mode == "standby":
-        spec.update(replicas=2)  # a leader and a hot standby: leader election in the config
-    name = f"cmdb-{mode}"
-    await api.create(_resource(name, source_server.url, target_server.url, **spec))
+    """Run the Deployment's container `pods` times, Secrets included, and check the copy."""
     deployment = await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, name))
     configmap = await wait_for(lambda: api.get(naming.CONFIGMAP, NS, f"{name}-config"))
+    secrets = {}
+    for secret_name in h.secret_mounts(deployment).values():
+        secret = api.get(naming.SECRET, NS, secret_name) or {}
+        secrets[secret_name] = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
 
-    js = source_nc.jetstream()
-    await js.add_stream(name="CMDB", subjects=["acme.cmdb.>"])
+    await source_js.add_stream(name="CMDB", subjects=["acme.cmdb.>"])
     for i in range(MESSAGES):
-        await js.publish(f"acme.cmdb.node{i % 7}", f'{{"n": {i}}}'.encode())
+        await source_js.publish(f"acme.cmdb.node{i % 7}", f'{{"n": {i}}}'.encode())
 
-    pods = 1 if mode == "ordered" else 2
     with contextlib.ExitStack() as stack:
         ports, procs = [], []
         for index in range(pods):
-            argv, env, port = _pod_process(deployment, configmap, tmp_path / f"pod{index}", f"{name}-pod-{index}")
+            argv, env, port = _pod_process(
+                deployment, configmap, tmp_path / f"pod{index}", f"{name}-pod-{index}", secrets
+            )
             procs.append(stack.enter_context(_running(argv, env, tmp_path / f"pod{index}.log")))
             ports.append(port)
 
@@ -131,12 +143,80 @@ async def test_the_operators_deployment_replicates(
 
         await wait_for(copied, within=30, interval=0.2)
         await wait_for(lambda: all(_ready(p) for p in ports), within=10, interval=0.2)
-        if mode != "scaled":
+        if ordered:
             msg = await target_nc.jetstream().get_msg("CMDB_COPY", seq=MESSAGES)
             assert msg.data == f'{{"n": {MESSAGES - 1}}}'.encode()
-        consumer = await js.consumer_info("CMDB", f"e2e_{name}_grp" if mode == "scaled" else f"e2e_{name}")
-        assert consumer.num_pending == 0
+        info = await source_js.consumer_info("CMDB", consumer)
+        assert info.num_pending == 0
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             assert await asyncio.to_thread(proc.wait, 15) == 0
+
+
+@pytest.mark.parametrize("mode", ["ordered", "standby", "scaled"])
+async def test_the_operators_deployment_replicates(
+    mode: str,
+    api: Api,
+    operator: Reconciler,
+    tmp_path: Path,
+    source_server: LocalNatsServer,
+    target_server: LocalNatsServer,
+    source_nc: Client,
+    target_nc: Client,
+) -> None:
+    spec: dict[str, Any] = {"mode": "scaled" if mode == "scaled" else "ordered"}
+    if mode == "scaled":
+        spec.update(replicas=2, workersPerPod=3)
+    if mode == "standby":
+        spec.update(replicas=2)  # a leader and a hot standby: leader election in the config
+    name = f"cmdb-{mode}"
+    await api.create(_resource(name, source_server.url, target_server.url, **spec))
+    consumer = f"e2e_{name}_grp" if mode == "scaled" else f"e2e_{name}"
+    pods = 1 if mode == "ordered" else 2
+    await _run_pods(api, name, pods, tmp_path, source_nc.jetstream(), target_nc, consumer, mode != "scaled")
+
+
+async def test_tls_secret_mounted_from_its_object(
+    api: Api, operator: Reconciler, tmp_path: Path, target_server: LocalNatsServer, target_nc: Client
+) -> None:
+    """A source that demands client certificates: the worker gets them only through the Secret."""
+    ca = certs.CertificateAuthority.create()
+    server_files = certs.write_server(ca, tmp_path / "server", "nats")
+    client = ca.issue("replicator", client=True)
+    material = {
+        "ca.crt": certs.cert_pem(ca.cert),
+        "tls.crt": certs.cert_pem(client.cert),
+        "tls.key": certs.key_pem(client.key),
+    }
+    with LocalNatsServer(name="tls-source", extra_config=certs.server_tls_block(server_files), scheme="tls") as source:
+        await api.create(h.fake_secret("source-tls", NS, material))
+        resource = _resource("cmdb-tls", source.url, target_server.url)
+        resource["spec"]["source"]["tlsSecret"] = "source-tls"
+        await api.create(resource)
+        tls = nats_status.ssl_context(
+            nats_status.Auth(ca=material["ca.crt"], cert=material["tls.crt"], key=material["tls.key"])
+        )
+        source_nc = await nats.connect(source.url, tls=tls)
+        try:
+            await _run_pods(api, "cmdb-tls", 1, tmp_path, source_nc.jetstream(), target_nc, "e2e_cmdb-tls", True)
+        finally:
+            await source_nc.close()
+
+
+async def test_credentials_secret_mounted_from_its_object(
+    api: Api, operator: Reconciler, tmp_path: Path, target_server: LocalNatsServer, target_nc: Client
+) -> None:
+    """A source in operator (JWT) mode: the worker authenticates with the .creds file from the Secret."""
+    auth = nats_jwt.Decentralised.create()
+    creds = auth.write_creds(tmp_path / "user.creds")
+    with LocalNatsServer(name="creds-source", extra_config=auth.server_config()) as source:
+        await api.create(h.fake_secret("source-creds", NS, {"replicator.creds": creds.read_bytes()}))
+        resource = _resource("cmdb-creds", source.url, target_server.url)
+        resource["spec"]["source"]["credentialsSecret"] = {"name": "source-creds", "key": "replicator.creds"}
+        await api.create(resource)
+        source_nc = await nats.connect(source.url, user_credentials=str(creds))
+        try:
+            await _run_pods(api, "cmdb-creds", 1, tmp_path, source_nc.jetstream(), target_nc, "e2e_cmdb-creds", True)
+        finally:
+            await source_nc.close()

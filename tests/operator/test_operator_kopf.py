@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import yaml
-
 from replication_operator import naming
 from replication_operator.builders import build_children
 from replication_operator.reconciler import Reconciler
 from replication_operator.testing import ClusterEmulator, embedded_operator, wait_for
+
 from tests.operator import helpers as h
 from tests.operator.conftest import FAST
 from tests.operator.helpers import Api
@@ -63,8 +63,14 @@ async def test_create_builds_owned_children_and_status(api: Api, operator: Recon
     assert _pod_hash(deployment) == expected.config_hash
     for child in (deployment, configmap, service):
         (ref,) = child["metadata"]["ownerReferences"]
-        assert ref == {"apiVersion": naming.API_VERSION, "kind": naming.KIND, "name": "cmdb-city1", "uid": uid,
-                       "controller": True, "blockOwnerDeletion": True}
+        assert ref == {
+            "apiVersion": naming.API_VERSION,
+            "kind": naming.KIND,
+            "name": "cmdb-city1",
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         assert not child["metadata"].get("finalizers")
     assert api.get(naming.PDB, NS, "cmdb-city1") is None
 
@@ -93,11 +99,22 @@ async def test_create_to_deployment_latency(api: Api, operator: Reconciler) -> N
 async def test_deployment_status_flows_into_the_resource(api: Api, operator: Reconciler) -> None:
     await _create_with_secrets(api, _resource())
     deployment = await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "cmdb-city1"))
-    await api.patch(naming.DEPLOYMENT, NS, "cmdb-city1", {"status": {
-        "observedGeneration": deployment["metadata"]["generation"],
-        "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
-        "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}],
-    }}, subresource="status")
+    await api.patch(
+        naming.DEPLOYMENT,
+        NS,
+        "cmdb-city1",
+        {
+            "status": {
+                "observedGeneration": deployment["metadata"]["generation"],
+                "replicas": 1,
+                "updatedReplicas": 1,
+                "readyReplicas": 1,
+                "availableReplicas": 1,
+                "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}],
+            }
+        },
+        subresource="status",
+    )
     await wait_for(lambda: _condition(api, "Ready").get("status") == "True")
     assert _condition(api, "Ready")["reason"] == "Replicating"
     assert _condition(api, "Progressing")["reason"] == "RolloutComplete"
@@ -110,12 +127,18 @@ async def test_update_changes_children_and_rolls_pods(api: Api, operator: Reconc
     await wait_for(lambda: _status(api).get("observedGeneration") == 1)
 
     await api.patch(naming.STREAM_REPLICATION, NS, "cmdb-city1", {"spec": {"maxAge": "2h"}})
-    after = await wait_for(lambda: (d := api.get(naming.DEPLOYMENT, NS, "cmdb-city1"))
-                           and _pod_hash(d) != _pod_hash(before) and d)
+    after = await wait_for(
+        lambda: (
+            (d := api.get(naming.DEPLOYMENT, NS, "cmdb-city1")) and _pod_hash(d) != _pod_hash(before) and d
+        )
+    )
     configmap = api.get(naming.CONFIGMAP, NS, "cmdb-city1-config")
     assert configmap is not None
     assert yaml.safe_load(configmap["data"]["config.yaml"])["topics"]["cmdb-city1"]["max_age"] == "2h"
-    assert _pod_hash(after) == build_children(api.get(naming.STREAM_REPLICATION, NS, "cmdb-city1") or {}).config_hash
+    assert (
+        _pod_hash(after)
+        == build_children(api.get(naming.STREAM_REPLICATION, NS, "cmdb-city1") or {}).config_hash
+    )
     await wait_for(lambda: _status(api).get("observedGeneration") == 2)
     await wait_for(lambda: any("rolling the pods" in e["message"] for e in api.events(NS, "cmdb-city1")))
 
@@ -133,20 +156,29 @@ async def test_scaling_up_turns_on_election_safely_and_adds_a_pdb(api: Api, oper
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     # ...and the next pass (any trigger) restores the rolling strategy for elected pods.
     await api.patch(naming.STREAM_REPLICATION, NS, "cmdb-city1", {"metadata": {"labels": {"tier": "gold"}}})
-    await wait_for(lambda: (api.get(naming.DEPLOYMENT, NS, "cmdb-city1") or {})["spec"]["strategy"]["type"]
-                   == "RollingUpdate")
+    await wait_for(
+        lambda: (
+            (api.get(naming.DEPLOYMENT, NS, "cmdb-city1") or {})["spec"]["strategy"]["type"]
+            == "RollingUpdate"
+        )
+    )
 
     await api.patch(naming.STREAM_REPLICATION, NS, "cmdb-city1", {"spec": {"replicas": 1}})
     await wait_for(lambda: api.get(naming.PDB, NS, "cmdb-city1") is None)
     await wait_for(lambda: "Deleted" in api.reasons(NS, "cmdb-city1"))
 
 
-@pytest.mark.parametrize(("kind", "name"), [
-    (naming.DEPLOYMENT, "cmdb-city1"),
-    (naming.CONFIGMAP, "cmdb-city1-config"),
-    (naming.SERVICE, "cmdb-city1-metrics"),
-])
-async def test_deleted_child_is_restored(api: Api, operator: Reconciler, kind: naming.Kind, name: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        (naming.DEPLOYMENT, "cmdb-city1"),
+        (naming.CONFIGMAP, "cmdb-city1-config"),
+        (naming.SERVICE, "cmdb-city1-metrics"),
+    ],
+)
+async def test_deleted_child_is_restored(
+    api: Api, operator: Reconciler, kind: naming.Kind, name: str
+) -> None:
     await _create_with_secrets(api, _resource())
     original = await wait_for(lambda: api.get(kind, NS, name))
     await api.delete(kind, NS, name)
@@ -164,7 +196,9 @@ async def test_hand_edits_are_put_back(api: Api, operator: Reconciler) -> None:
     await api.patch(naming.DEPLOYMENT, NS, "cmdb-city1", {"spec": {"replicas": 7}})
     await api.patch(naming.CONFIGMAP, NS, "cmdb-city1-config", {"data": {"config.yaml": "topics: {}\n"}})
     await wait_for(lambda: (api.get(naming.DEPLOYMENT, NS, "cmdb-city1") or {})["spec"]["replicas"] == 1)
-    await wait_for(lambda: (api.get(naming.CONFIGMAP, NS, "cmdb-city1-config") or {})["data"] == configmap["data"])
+    await wait_for(
+        lambda: (api.get(naming.CONFIGMAP, NS, "cmdb-city1-config") or {})["data"] == configmap["data"]
+    )
     await wait_for(lambda: "Reverted" in api.reasons(NS, "cmdb-city1"))
 
 
@@ -173,7 +207,9 @@ async def test_missing_secret_degrades_then_recovers(api: Api, operator: Reconci
     await wait_for(lambda: _condition(api, "Degraded").get("status") == "True")
     degraded = _condition(api, "Degraded")
     assert degraded["reason"] == "SecretMissing"
-    assert degraded["message"] == 'secret "city1-nats" (key "user.creds") not found in namespace "replication"'
+    assert (
+        degraded["message"] == 'secret "city1-nats" (key "user.creds") not found in namespace "replication"'
+    )
     assert _condition(api, "Ready")["reason"] == "SecretMissing"
     assert api.get(naming.DEPLOYMENT, NS, "cmdb-city1") is None
     await wait_for(lambda: "SecretMissing" in api.reasons(NS, "cmdb-city1"))
@@ -200,27 +236,35 @@ async def test_invalid_spec_is_reported_and_builds_nothing(api: Api, operator: R
 
 
 async def test_foreign_object_with_a_child_name_is_left_alone(api: Api, operator: Reconciler) -> None:
-    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cmdb-city1-config", "namespace": NS},
-               "data": {"mine": "yes"}}
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cmdb-city1-config", "namespace": NS},
+        "data": {"mine": "yes"},
+    }
     await api.create(foreign)
     await _create_with_secrets(api, _resource())
     await wait_for(lambda: _condition(api, "Degraded").get("reason") == "NameConflict")
     assert (api.get(naming.CONFIGMAP, NS, "cmdb-city1-config") or {})["data"] == {"mine": "yes"}
 
 
-async def test_delete_releases_the_resource_and_leaves_owned_children(
-    api: Api, operator: Reconciler
-) -> None:
+async def test_delete_releases_the_resource_and_leaves_owned_children(api: Api, operator: Reconciler) -> None:
     created = await _create_with_secrets(api, _resource())
     await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "cmdb-city1"))
-    await wait_for(lambda: (api.get(naming.STREAM_REPLICATION, NS, "cmdb-city1") or {})
-                   .get("metadata", {}).get("finalizers"))
+    await wait_for(
+        lambda: (
+            (api.get(naming.STREAM_REPLICATION, NS, "cmdb-city1") or {}).get("metadata", {}).get("finalizers")
+        )
+    )
     await api.delete(naming.STREAM_REPLICATION, NS, "cmdb-city1")
     # The operator's finalizer (kopf needs it for the status timer) comes off at once: no block.
     await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, "cmdb-city1") is None)
     # The emulator has no garbage collector; the API server deletes these through their owner refs.
-    for kind, name in ((naming.DEPLOYMENT, "cmdb-city1"), (naming.CONFIGMAP, "cmdb-city1-config"),
-                       (naming.SERVICE, "cmdb-city1-metrics")):
+    for kind, name in (
+        (naming.DEPLOYMENT, "cmdb-city1"),
+        (naming.CONFIGMAP, "cmdb-city1-config"),
+        (naming.SERVICE, "cmdb-city1-metrics"),
+    ):
         child = api.get(kind, NS, name)
         assert child is not None
         assert child["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
@@ -231,18 +275,25 @@ async def test_delete_releases_the_resource_and_leaves_owned_children(
 async def test_restart_resumes_without_rewriting(cluster: ClusterEmulator, api: Api) -> None:
     """A second operator process finds everything in place: same names, no writes to children."""
     async with embedded_operator(str(cluster.url), config=FAST):
-        await _create_with_secrets(api, _resource("telemetry-region") | {"spec": {
-            **_resource("telemetry-region")["spec"], "queueGroup": None}})
+        resource = _resource("telemetry-region")
+        del resource["spec"]["queueGroup"]  # the default name must come out the same after a restart
+        await _create_with_secrets(api, resource)
         await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "telemetry-region"))
         await wait_for(lambda: _status(api, "telemetry-region").get("observedGeneration") == 1)
-    before = {k.plural: (api.get(k, NS, n) or {})["metadata"]["resourceVersion"]
-              for k, n in ((naming.DEPLOYMENT, "telemetry-region"), (naming.CONFIGMAP, "telemetry-region-config"))}
+    before = {
+        k.plural: (api.get(k, NS, n) or {})["metadata"]["resourceVersion"]
+        for k, n in ((naming.DEPLOYMENT, "telemetry-region"), (naming.CONFIGMAP, "telemetry-region-config"))
+    }
     configmap = api.get(naming.CONFIGMAP, NS, "telemetry-region-config") or {}
     assert "queue_group: replication_telemetry-region_grp" in configmap["data"]["config.yaml"]
 
     async with embedded_operator(str(cluster.url), config=FAST) as second:
         await wait_for(lambda: len(second.memory) == 1)
-        after = {k.plural: (api.get(k, NS, n) or {})["metadata"]["resourceVersion"]
-                 for k, n in ((naming.DEPLOYMENT, "telemetry-region"),
-                              (naming.CONFIGMAP, "telemetry-region-config"))}
+        after = {
+            k.plural: (api.get(k, NS, n) or {})["metadata"]["resourceVersion"]
+            for k, n in (
+                (naming.DEPLOYMENT, "telemetry-region"),
+                (naming.CONFIGMAP, "telemetry-region-config"),
+            )
+        }
     assert after == before

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
-
 from replication_operator import main as cli
 from replication_operator import naming
 from replication_operator.testing import ClusterEmulator, wait_for
+
 from replicator.local_nats import free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
@@ -42,19 +42,34 @@ def test_scope_is_required_and_exclusive() -> None:
 def test_flags() -> None:
     args = cli.build_parser().parse_args(["-n", "team-a", "--namespace", "team-b"])
     assert args.namespaces == ["team-a", "team-b"]
-    assert (args.peering, args.standalone, args.liveness) == ("stream-replicator", False, cli.DEFAULT_LIVENESS)
+    assert (args.peering, args.standalone, args.liveness) == (
+        "stream-replicator",
+        False,
+        cli.DEFAULT_LIVENESS,
+    )
     args = cli.build_parser().parse_args(["--all-namespaces", "--standalone", "--verbose", "--liveness", ""])
     assert args.all_namespaces and args.standalone and args.verbose and args.liveness == ""
 
 
 def _kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
-        "users": [{"name": "operator", "user": {"token": "not-a-secret"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "operator"}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "emulator",
+                "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+                "users": [{"name": "operator", "user": {"token": "not-a-secret"}}],
+                "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "operator"}}],
+            }
+        )
+    )
     return path
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _liveness(port: int) -> dict[str, Any] | None:
@@ -72,27 +87,35 @@ async def test_console_script_serves_the_cluster_with_peering(tmp_path: Path) ->
 
         async with Server(cluster):
             api = Api(cluster)
-            await api._send("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", {
-                "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                "metadata": {"name": "stream-replicator"},
-            })
-            env = dict(os.environ, KUBECONFIG=str(_kubeconfig(tmp_path / "kubeconfig", str(cluster.url))),
-                       STREAM_REPLICATOR_WORKER_IMAGE="registry.example/sr:1.2.3")
+            await api._send(
+                "POST",
+                "/apis/kopf.dev/v1/clusterkopfpeerings",
+                {
+                    "apiVersion": "kopf.dev/v1",
+                    "kind": "ClusterKopfPeering",
+                    "metadata": {"name": "stream-replicator"},
+                },
+            )
+            env = dict(
+                os.environ,
+                KUBECONFIG=str(_kubeconfig(tmp_path / "kubeconfig", str(cluster.url))),
+                STREAM_REPLICATOR_WORKER_IMAGE="registry.example/sr:1.2.3",
+            )
             port = free_port()
             procs = []
             logs = []
             for priority, liveness in ((100, f"http://127.0.0.1:{port}/healthz"), (50, "")):
                 log = tmp_path / f"operator-{priority}.log"
                 logs.append(log)
-                with open(log, "wb") as out:
-                    procs.append(subprocess.Popen(
-                        [SCRIPT, "--all-namespaces", "--priority", str(priority), "--liveness", liveness],
-                        env=env, stdout=out, stderr=subprocess.STDOUT,
-                    ))
+                argv = [SCRIPT, "--all-namespaces", "--priority", str(priority), "--liveness", liveness]
+                procs.append(_start(argv, env, log))
             try:
                 await wait_for(lambda: _liveness(port) is not None, within=20, interval=0.1)
-                await wait_for(lambda: "Initial authentication has finished" in logs[1].read_text(), within=20,
-                               interval=0.1)
+                await wait_for(
+                    lambda: "Initial authentication has finished" in logs[1].read_text(),
+                    within=20,
+                    interval=0.1,
+                )
                 # The lower-priority process starts paused, or resumes for an instant before it sees
                 # the other's peering record; either way it ends up waiting.
                 await asyncio.sleep(1.5)
@@ -105,8 +128,9 @@ async def test_console_script_serves_the_cluster_with_peering(tmp_path: Path) ->
                     resource["metadata"].pop(key)
                 resource["spec"].pop("image")
                 await api.create(resource)
-                deployment = await wait_for(lambda: api.get(naming.DEPLOYMENT, "prod", "telemetry-region"),
-                                            within=20, interval=0.1)
+                deployment = await wait_for(
+                    lambda: api.get(naming.DEPLOYMENT, "prod", "telemetry-region"), within=20, interval=0.1
+                )
                 image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
                 assert image == "registry.example/sr:1.2.3"
                 assert "resources" in (_liveness(port) or {})  # our probe (kopf caches its value)

@@ -9,17 +9,17 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.js.api import ConsumerConfig
-
+from nats.js.api import AckPolicy, ConsumerConfig
 from replication_operator import naming, nats_status
 from replication_operator.nats_status import Auth, NatsStatusError
 from replication_operator.reconciler import Reconciler
 from replication_operator.spec import parse_spec
 from replication_operator.testing import wait_for
+
 from replicator.local_nats import LocalNatsServer
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
-from tests.support import certs
+from tests.support import certs, nats_jwt
 
 NS = "replication"
 
@@ -37,20 +37,34 @@ async def _consumer_with_backlog(nc: Client, durable: str, published: int = 10, 
     await js.add_stream(name="CMDB", subjects=["acme.cmdb.>"])
     for i in range(published):
         await js.publish(f"acme.cmdb.node{i}", b"{}")
-    await js.add_consumer("CMDB", ConsumerConfig(durable_name=durable, ack_policy="explicit"))
+    await js.add_consumer("CMDB", ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT))
     sub = await js.pull_subscribe_bind(durable, "CMDB")
     for msg in await sub.fetch(acked, timeout=5):
         await msg.ack_sync()
 
 
 def _summary(nodes: int = 1200) -> bytes:
-    return json.dumps({
-        "$schema": "stream-replicator/v1/fleet_health_summary",
-        "stream": "ADVISORIES", "run": 3, "last_run": 1767225600, "last_sequence": 99,
-        "fleet": {"sites": 4, "nodes": nodes, "healthy": 1100, "timeout": 60, "expired": 40,
-                  "availability": 0.948276},
-        "sites": [], "advisories": 99, "duplicates": 0, "malformed": 0,
-    }).encode()
+    return json.dumps(
+        {
+            "$schema": "stream-replicator/v1/fleet_health_summary",
+            "stream": "ADVISORIES",
+            "run": 3,
+            "last_run": 1767225600,
+            "last_sequence": 99,
+            "fleet": {
+                "sites": 4,
+                "nodes": nodes,
+                "healthy": 1100,
+                "timeout": 60,
+                "expired": 40,
+                "availability": 0.948276,
+            },
+            "sites": [],
+            "advisories": 99,
+            "duplicates": 0,
+            "malformed": 0,
+        }
+    ).encode()
 
 
 async def test_lag_and_last_active_of_the_ordered_durable(source_server: LocalNatsServer, source_nc: Client) -> None:
@@ -83,16 +97,27 @@ async def test_missing_consumer_and_unreachable_server_are_explained(source_serv
 
 
 async def test_fleet_summary_from_the_kv_bucket(target_server: LocalNatsServer, target_nc: Client) -> None:
-    resource = _resource("nats://127.0.0.1:1", target_server.url, sampling={"inspect": "host", "age": "5m"},
-                         advisory={"subject": "adv"}, fleetHealth={"schedule": "@every 15m", "output": "/data/fleet"})
+    resource = _resource(
+        "nats://127.0.0.1:1",
+        target_server.url,
+        sampling={"inspect": "host", "age": "5m"},
+        advisory={"subject": "adv"},
+        fleetHealth={"schedule": "@every 15m", "output": "/data/fleet"},
+    )
     spec = parse_spec(resource)
     with pytest.raises(NatsStatusError, match="no fleet summary yet"):
         await nats_status.read_fleet(spec, Auth(), 5)
     kv = await target_nc.jetstream().create_key_value(bucket="FLEET_HEALTH")
     await kv.put("summary", _summary())
     fleet = await nats_status.read_fleet(spec, Auth(), 5)
-    assert fleet == {"nodes": 1200, "healthy": 1100, "timeout": 60, "expired": 40, "availability": 0.948276,
-                     "lastRun": "2026-01-01T00:00:00Z"}
+    assert fleet == {
+        "nodes": 1200,
+        "healthy": 1100,
+        "timeout": 60,
+        "expired": 40,
+        "availability": 0.948276,
+        "lastRun": "2026-01-01T00:00:00Z",
+    }
 
 
 def test_fleet_fields_accept_flat_totals_and_reject_garbage() -> None:
@@ -107,8 +132,11 @@ async def test_mutual_tls_material_comes_from_the_secret(tmp_path: Path) -> None
     server_files = certs.write_server(ca, tmp_path, "nats")
     client = ca.issue("replicator", client=True)
     with LocalNatsServer(name="tls", extra_config=certs.server_tls_block(server_files), scheme="tls") as server:
-        secret = {"ca.crt": certs.cert_pem(ca.cert), "tls.crt": certs.cert_pem(client.cert),
-                  "tls.key": certs.key_pem(client.key)}
+        secret = {
+            "ca.crt": certs.cert_pem(ca.cert),
+            "tls.crt": certs.cert_pem(client.cert),
+            "tls.key": certs.key_pem(client.key),
+        }
         resource = _resource(server.url)
         resource["spec"]["source"]["tlsSecret"] = "city1-tls"
         spec = parse_spec(resource)
@@ -125,11 +153,20 @@ async def test_mutual_tls_material_comes_from_the_secret(tmp_path: Path) -> None
 
 
 async def test_operator_reports_lag_and_fleet_in_status(
-    api: Api, operator: Reconciler, source_server: LocalNatsServer, source_nc: Client,
-    target_server: LocalNatsServer, target_nc: Client,
+    api: Api,
+    operator: Reconciler,
+    source_server: LocalNatsServer,
+    source_nc: Client,
+    target_server: LocalNatsServer,
+    target_nc: Client,
 ) -> None:
-    resource = _resource(source_server.url, target_server.url, sampling={"inspect": "host", "age": "5m"},
-                         advisory={"subject": "adv"}, fleetHealth={"schedule": "@every 15m", "output": "/data/fleet"})
+    resource = _resource(
+        source_server.url,
+        target_server.url,
+        sampling={"inspect": "host", "age": "5m"},
+        advisory={"subject": "adv"},
+        fleetHealth={"schedule": "@every 15m", "output": "/data/fleet"},
+    )
     for key in ("uid", "generation"):
         resource["metadata"].pop(key)
     await _consumer_with_backlog(source_nc, "replication_cmdb-city1")
@@ -145,3 +182,23 @@ async def test_operator_reports_lag_and_fleet_in_status(
     # One more message: the next tick sees it.
     await source_nc.jetstream().publish("acme.cmdb.late", b"{}")
     await wait_for(lambda: status().get("lag") == 7, within=5)
+
+
+async def test_credentials_come_from_the_secret(tmp_path: Path) -> None:
+    """An operator-mode server accepts only the .creds file held in the Secret."""
+    auth = nats_jwt.Decentralised.create()
+    creds = auth.write_creds(tmp_path / "user.creds")
+    with LocalNatsServer(name="creds", extra_config=auth.server_config()) as server:
+        resource = _resource(server.url)
+        resource["spec"]["source"]["credentialsSecret"] = {"name": "city1-nats"}
+        spec = parse_spec(resource)
+        nc = await nats.connect(server.url, user_credentials=str(creds))
+        try:
+            await _consumer_with_backlog(nc, spec.consumer_name, published=4, acked=1)
+        finally:
+            await nc.close()
+        from_secret = nats_status.auth_from_secrets(spec.source, {"city1-nats": {"user.creds": creds.read_bytes()}})
+        assert (await nats_status.read_consumer(spec, from_secret, 5))["lag"] == 3
+        with pytest.raises(NatsStatusError) as err:
+            await nats_status.read_consumer(spec, Auth(), 5)
+        assert "SEED" not in str(err.value) and "eyJ" not in str(err.value)

@@ -11,8 +11,14 @@ T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)
 
 
-def _deployment(replicas: int = 2, ready: int = 2, updated: int = 2, observed: bool = True,
-                progressing: str | None = "NewReplicaSetAvailable", message: str = "") -> dict[str, Any]:
+def _deployment(
+    replicas: int = 2,
+    ready: int = 2,
+    updated: int = 2,
+    observed: bool = True,
+    progressing: str | None = "NewReplicaSetAvailable",
+    message: str = "",
+) -> dict[str, Any]:
     conditions = [{"type": "Progressing", "status": "True", "reason": progressing, "message": message}]
     return {
         "metadata": {"generation": 3},
@@ -32,14 +38,20 @@ def _by_type(conditions: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
 
 def test_creating() -> None:
     conds = _by_type(st.conditions_for([], st.rollout_of(None, 1), 1))
-    assert conds == {"Ready": ("False", "Creating"), "Progressing": ("True", "Creating"),
-                     "Degraded": ("False", "Healthy")}
+    assert conds == {
+        "Ready": ("False", "Creating"),
+        "Progressing": ("True", "Creating"),
+        "Degraded": ("False", "Healthy"),
+    }
 
 
 def test_rolled_out_and_ready() -> None:
     conds = _by_type(st.conditions_for([], st.rollout_of(_deployment(), 2), 4))
-    assert conds == {"Ready": ("True", "Replicating"), "Progressing": ("False", "RolloutComplete"),
-                     "Degraded": ("False", "Healthy")}
+    assert conds == {
+        "Ready": ("True", "Replicating"),
+        "Progressing": ("False", "RolloutComplete"),
+        "Degraded": ("False", "Healthy"),
+    }
 
 
 def test_rolling_out_with_the_old_pods_still_serving() -> None:
@@ -56,7 +68,9 @@ def test_not_yet_observed_by_the_deployment_controller() -> None:
 
 
 def test_problems_block_and_degrade() -> None:
-    problems = [st.Problem(st.SECRET_MISSING, 'secret "nats-creds" (key "user.creds") not found in namespace "x"')]
+    problems = [
+        st.Problem(st.SECRET_MISSING, 'secret "nats-creds" (key "user.creds") not found in namespace "x"')
+    ]
     conditions = st.conditions_for(problems, st.rollout_of(_deployment(), 2), 4)
     by_type = {c["type"]: c for c in conditions}
     assert (by_type["Degraded"]["status"], by_type["Degraded"]["reason"]) == ("True", "SecretMissing")
@@ -67,8 +81,12 @@ def test_problems_block_and_degrade() -> None:
 
 
 def test_stuck_rollout() -> None:
-    deployment = _deployment(ready=0, updated=1, progressing="ProgressDeadlineExceeded",
-                             message='ReplicaSet "x" has timed out progressing.')
+    deployment = _deployment(
+        ready=0,
+        updated=1,
+        progressing="ProgressDeadlineExceeded",
+        message='ReplicaSet "x" has timed out progressing.',
+    )
     conds = _by_type(st.conditions_for([], st.rollout_of(deployment, 2), 4))
     assert conds["Degraded"] == ("True", "RolloutStuck")
     assert conds["Progressing"] == ("False", "RolloutStuck")
@@ -93,8 +111,11 @@ def test_transition_time_moves_only_on_a_flip() -> None:
     same = st.merge_conditions(first, st.conditions_for([], st.rollout_of(starting, 1), 1), T1)
     ready = st.merge_conditions(same, st.conditions_for([], st.rollout_of(_deployment(1, 1, 1), 1), 1), T1)
     times = {c["type"]: c["lastTransitionTime"] for c in same}
-    assert times == {"Ready": "2026-01-01T12:00:00Z", "Progressing": "2026-01-01T12:00:00Z",
-                     "Degraded": "2026-01-01T12:00:00Z"}
+    assert times == {
+        "Ready": "2026-01-01T12:00:00Z",
+        "Progressing": "2026-01-01T12:00:00Z",
+        "Degraded": "2026-01-01T12:00:00Z",
+    }
     assert {c["type"]: c["reason"] for c in same}["Ready"] == "PodsNotReady"  # reason moved, time did not
     flipped = {c["type"]: c["lastTransitionTime"] for c in ready}
     assert flipped["Ready"] == "2026-01-01T12:05:00Z"
@@ -102,13 +123,27 @@ def test_transition_time_moves_only_on_a_flip() -> None:
 
 
 def test_build_status_and_patch() -> None:
-    status = st.build_status(name="orders", generation=4, problems=[], deployment=_deployment(),
-                             desired_replicas=2, old_status=None, now=T0)
+    status = st.build_status(
+        name="orders",
+        generation=4,
+        problems=[],
+        deployment=_deployment(),
+        desired_replicas=2,
+        old_status=None,
+        now=T0,
+    )
     assert status["observedGeneration"] == 4
     assert (status["replicas"], status["readyReplicas"]) == (2, 2)
     assert status["selector"] == "app.kubernetes.io/instance=orders,app.kubernetes.io/name=stream-replicator"
     assert all(c["observedGeneration"] == 4 for c in status["conditions"])
-    again = st.build_status(name="orders", generation=4, problems=[], deployment=_deployment(),
-                            desired_replicas=2, old_status=status, now=T1)
+    again = st.build_status(
+        name="orders",
+        generation=4,
+        problems=[],
+        deployment=_deployment(),
+        desired_replicas=2,
+        old_status=status,
+        now=T1,
+    )
     assert st.status_patch(status, again) == {}
     assert st.status_patch({**status, "lag": 5}, {"lag": 7}) == {"lag": 7}

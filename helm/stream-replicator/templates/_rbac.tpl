@@ -12,7 +12,8 @@ namespace-restricted ones use a KopfPeering in each served namespace; standalone
 */}}
 {{- define "stream-replicator.rbacRules" -}}
 {{- $clusterwide := eq (include "stream-replicator.clusterwide" .) "true" -}}
-{{- $children := list "get" "list" "watch" "create" "patch" "delete" -}}
+{{- $children := list "get" "list" "watch" "create" "patch" -}}
+{{- $optionalChildren := list "get" "list" "watch" "create" "patch" "delete" -}}
 cluster:
   # kopf: resource discovery follows CRD changes.
   - apiGroups: ["apiextensions.k8s.io"]
@@ -35,8 +36,9 @@ namespaced:
     verbs: ["get", "list", "watch", "patch"]
   - apiGroups: ["streamreplicator.io"]
     resources: ["streamreplications/status"]
-    verbs: ["get", "patch"]
-  # Children the operator builds for each StreamReplication.
+    verbs: ["patch"]
+  # Children the operator builds for each StreamReplication: always-present ones are never deleted
+  # by the operator (owner references cascade), optional ones are removed when the spec drops them.
   - apiGroups: [""]
     resources: ["configmaps", "services"]
     verbs: {{ $children | toJson }}
@@ -45,22 +47,19 @@ namespaced:
     verbs: {{ $children | toJson }}
   - apiGroups: ["policy"]
     resources: ["poddisruptionbudgets"]
-    verbs: {{ $children | toJson }}
+    verbs: {{ $optionalChildren | toJson }}
   - apiGroups: ["monitoring.coreos.com"]
     resources: ["servicemonitors"]
-    verbs: {{ $children | toJson }}
+    verbs: {{ $optionalChildren | toJson }}
   - apiGroups: ["sparkoperator.k8s.io"]
     resources: ["scheduledsparkapplications"]
-    verbs: {{ $children | toJson }}
-  # NATS credentials and TLS material referenced by the spec (read only).
+    verbs: {{ $optionalChildren | toJson }}
+  # NATS credentials and TLS material referenced by the spec: read by name only.
   - apiGroups: [""]
     resources: ["secrets"]
-    verbs: ["get", "list", "watch"]
-  # kopf posts Kubernetes events about the resources it handles.
+    verbs: ["get"]
+  # kopf posts core/v1 events about the resources it handles.
   - apiGroups: [""]
-    resources: ["events"]
-    verbs: ["create"]
-  - apiGroups: ["events.k8s.io"]
     resources: ["events"]
     verbs: ["create"]
 {{- if and .Values.peering.enabled (not $clusterwide) }}
