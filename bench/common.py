@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import nats
+import yaml
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
@@ -26,14 +32,13 @@ async def preload(nc: Client, stream: str, subject_prefix: str, count: int, size
     await asyncio.gather(*futures)
 
 
-async def time_fill(nc: Client, stream: str, count: int, timeout: float = 600.0) -> float:
-    """Seconds from the first message landing in `stream` to the last: start-up costs excluded."""
-    js = nc.jetstream()
+async def time_progress(progress: Callable[[], Awaitable[int]], count: int, timeout: float = 600.0) -> float:
+    """Seconds from the first sign of progress to `count`: process start-up costs excluded."""
     first: float | None = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            n = (await js.stream_info(stream)).state.messages
+            n = await progress()
         except Exception:
             n = 0
         now = time.monotonic()
@@ -41,10 +46,33 @@ async def time_fill(nc: Client, stream: str, count: int, timeout: float = 600.0)
             first = now
         if n >= count:
             assert first is not None
-            # The first poll that saw messages saw n of them: credit that part of the work.
             return max(now - first, 1e-3)
         await asyncio.sleep(0.02)
-    raise TimeoutError(f"{stream} did not reach {count} messages in {timeout}s")
+    raise TimeoutError(f"progress did not reach {count} in {timeout}s")
+
+
+async def time_fill(nc: Client, stream: str, count: int) -> float:
+    """Seconds from the first message landing in `stream` to the last."""
+    js = nc.jetstream()
+
+    async def landed() -> int:
+        return int((await js.stream_info(stream)).state.messages)
+
+    return await time_progress(landed, count)
+
+
+@contextlib.contextmanager
+def replicator_process(workdir: Path, label: str, topic: dict[str, Any]) -> Iterator[subprocess.Popen[bytes]]:
+    """The real `stream-replicator` command as a child process, with `topic` as profile `bench`."""
+    config = workdir / f"{label}.yaml"
+    config.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
+    proc = subprocess.Popen([sys.executable, "-m", "replicator", "--config", str(config), "--topic", "bench"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 async def connect(url: str) -> Client:

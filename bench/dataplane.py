@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
-from bench.common import connect, preload, table, time_fill
+from bench.common import connect, preload, replicator_process, table, time_fill
 from replicator.local_nats import LocalNatsServer
 from tests.support.tcp_proxy import TcpProxy
 
@@ -71,18 +69,12 @@ async def copier(name: str, size: int, count: int, workdir: Path, *, workers: in
         if delay:
             proxies = [await TcpProxy(source.port, delay).start(), await TcpProxy(target.port, delay).start()]
             source_url, target_url = proxies[0].url, proxies[1].url
-        topic = {"topic": "fleet.>", "source_url": source_url, "target_url": target_url, "name": "bench"}
+        topic: dict[str, object] = {"topic": "fleet.>", "source_url": source_url, "target_url": target_url,
+                                    "name": "bench"}
         if workers > 1:
             topic["workers"] = workers
-        config = workdir / f"{name}.yaml"
-        config.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
-        proc = subprocess.Popen([sys.executable, "-m", "replicator", "--config", str(config), "--topic", "bench"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
+        with replicator_process(workdir, "copier", topic):
             seconds = await time_fill(dst, "FLEET", count)
-        finally:
-            proc.terminate()
-            proc.wait(30)
         await src.close()
         await dst.close()
         return Result(name, size, count, seconds)

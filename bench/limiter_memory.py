@@ -14,7 +14,7 @@ import sys
 import time
 import tracemalloc
 
-from replicator.config import TopicConfig
+from replicator.config import AdvisoryConfig, TopicConfig
 from replicator.limiter_state import KVStore, MemoryStore, Sender
 from replicator.metrics import Metrics
 from replicator.sampling import Limiter
@@ -29,7 +29,7 @@ def _settings() -> TopicConfig:
         target_url="nats://127.0.0.1:4223",
         inspect_header="Sender",
         age=3600,
-        advisory={"target": "fleet.advisories", "age": 1800},
+        advisory=AdvisoryConfig(target="fleet.advisories", age=1800),
     )
 
 

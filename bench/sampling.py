@@ -12,17 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import yaml
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
-from bench.common import connect, table
+from bench.common import connect, replicator_process, table, time_progress
 from replicator.local_nats import LocalNatsServer
 
 
@@ -44,25 +41,15 @@ async def preload_senders(nc: Client, senders: int, repeats: int) -> int:
     return total
 
 
-async def time_consumed(nc: Client, durable: str, total: int, timeout: float = 900) -> float:
+async def time_consumed(nc: Client, durable: str, total: int) -> float:
     """Seconds from the first acknowledgement to the last on the source consumer."""
     js = nc.jetstream()
-    first = None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            info = await js.consumer_info("FLEET", durable)
-            floor = info.ack_floor.stream_seq if info.ack_floor else 0
-        except Exception:
-            floor = 0
-        now = time.monotonic()
-        if floor and first is None:
-            first = now
-        if floor >= total:
-            assert first is not None
-            return max(now - first, 1e-3)
-        await asyncio.sleep(0.05)
-    raise TimeoutError("consumer did not finish")
+
+    async def acked() -> int:
+        info = await js.consumer_info("FLEET", durable)
+        return info.ack_floor.stream_seq if info.ack_floor else 0
+
+    return await time_progress(acked, total)
 
 
 async def one(label: str, senders: int, repeats: int, sampling: bool, work: Path) -> tuple[str, int, float]:
@@ -74,15 +61,8 @@ async def one(label: str, senders: int, repeats: int, sampling: bool, work: Path
         topic = {"topic": "fleet.>", "source_url": source.url, "target_url": target.url, "name": "bench"}
         if sampling:
             topic.update({"inspect": "sender", "age": "1h"})
-        cfg = work / f"{label}.yaml"
-        cfg.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
-        proc = subprocess.Popen([sys.executable, "-m", "replicator", "--config", str(cfg), "--topic", "bench"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
+        with replicator_process(work, label.split(" ")[0].strip("()"), topic):
             seconds = await time_consumed(src, "bench", total)
-        finally:
-            proc.terminate()
-            proc.wait(30)
         await src.close()
         return label, total, seconds
     finally:
