@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from replicator.config import ConfigError, load_config, load_profile
+from replicator.connections import ConnectError
 from replicator.logs import setup_logging
 
 EXIT_CONFIG = 2
@@ -108,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"stream-replicator: config error: {err}", file=sys.stderr)
         return EXIT_CONFIG
+    except ConnectError as err:  # TLS, credentials or an unusable URL: retrying cannot help
+        print(f"stream-replicator: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

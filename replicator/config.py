@@ -14,6 +14,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -149,7 +150,13 @@ class TopicConfig(Strict):
         if not urls:
             raise ValueError("at least one NATS URL is required")
         for url in urls:
-            if not re.match(r"^(nats|tls|ws|wss)://[^\s/]+(:\d+)?/?(\?.*)?$", url):
+            try:
+                parts = urlsplit(url)
+                port = parts.port  # raises ValueError when it is not a number
+            except ValueError:
+                parts, port = None, None
+            if (parts is None or parts.scheme not in {"nats", "tls", "ws", "wss"} or not parts.hostname
+                    or (port is None and ":" in parts.netloc.rsplit("@", 1)[-1]) or " " in url):
                 raise ValueError(f"invalid NATS URL {redact_url(url)!r} (want nats://host:port)")
         return ",".join(urls)
 
@@ -313,13 +320,14 @@ def subject_token_name(subject: str) -> str:
 
 def redact_url(url: str) -> str:
     """Hide user:password, tokens and query secrets before a URL reaches logs or errors."""
-    url = re.sub(r"//[^@/]*@", "//***@", url)
+    url = re.sub(r"//.*@", "//***@", url)  # greedy: a password may hold an unencoded '@' or '/'
+
     return re.sub(r"\?.*$", "?***", url)
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:
     parts = [str(p) for p in loc if not str(p).startswith("function-")]
-    return ".".join(parts) or "(top level)"
+    return ".".join(parts)
 
 
 def _format_errors(err: ValidationError, source: str) -> str:
@@ -331,7 +339,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
             msg = "unknown key"
         elif e["type"] == "missing":
             msg = "required key is missing"
-        lines.append(f"{source}: {loc}: {msg}")
+        lines.append(f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}")
     return "\n".join(lines)
 
 
@@ -348,9 +356,11 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
 def load_config(path: str | os.PathLike[str]) -> Config:
     source = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{source}: cannot read config: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{source}: not a UTF-8 text file (byte {err.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

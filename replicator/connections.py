@@ -168,6 +168,7 @@ async def connect(
     request also ends the attempt. Later disconnects are handled by the client's own reconnect loop.
     """
     attempt = _FirstConnect(profile, side, name, metrics, on_change)
+    attempt.stopping = stopping
     delay = 0.5
     while True:
         nc = await attempt.run(stopping)
@@ -188,6 +189,7 @@ class _FirstConnect:
         self.where = ", ".join(redact_url(u) for u in self.opts["servers"])
         self.require_tls = profile.tls_for(side) is not None
         self.side, self.name, self.metrics, self.on_change = side, name, metrics, on_change
+        self.stopping: Callable[[], bool] = lambda: False
         self.connected = False
         self.permanent = 0
         self.fatal: asyncio.Future[str] | None = None
@@ -247,7 +249,8 @@ class _FirstConnect:
             self.fatal.set_result(reason)
 
     async def disconnected_cb(self) -> None:
-        log.warning("%s connection %s disconnected from %s", self.side, self.name, self.where)
+        if not self.stopping():  # a clean shutdown disconnects too: not worth a warning
+            log.warning("%s connection %s disconnected from %s", self.side, self.name, self.where)
         if self.on_change:
             self.on_change()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -481,7 +482,8 @@ class OrderedCopier:
         if landed is None:
             await self.stopper.sleep(self.backoff.next())
             for e in self.window:
-                e.future = _settled(e.future)
+                _settled(e.future)
+                e.future = None
             self.chain_open = False
             return
         # Messages acknowledged before the failure stay done; the landed prefix is done too.
@@ -498,7 +500,8 @@ class OrderedCopier:
             log.error("%s gave up on source sequence %d after %d attempts: %s (skipped, counted in failed_msgs)",
                       ep.worker, head.seq, head.attempts, err.description)
         for e in self.window:
-            e.future = _settled(e.future)
+            _settled(e.future)
+            e.future = None
         self.chain_open = False
         if self.committed:
             m.current_sequence.set(self.committed)
@@ -583,7 +586,6 @@ def _settled(fut: asyncio.Future[None] | None) -> None:
     asyncio log "Future exception was never retrieved" with a traceback, once per message."""
     if fut is not None and fut.done() and not fut.cancelled():
         fut.exception()
-    return None
 
 
 @dataclass(slots=True)
@@ -687,7 +689,10 @@ class ScaledWorker:
         item = InFlight(msg, fut, time.monotonic(), meta.delivered)
         self.sent.append(item)
         self.in_flight += 1
-        fut.add_done_callback(lambda _f, item=item: self.finished.append(item))
+        fut.add_done_callback(functools.partial(self._finished, item))
+
+    def _finished(self, item: InFlight, _future: asyncio.Future[None]) -> None:
+        self.finished.append(item)
 
     async def _settle(self) -> None:
         ep = self.ep

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -10,6 +11,16 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 def parse_duration(value: object) -> float:
     """Seconds from a duration; raises ValueError with the accepted forms."""
+    try:
+        seconds = _parse(value)
+    except OverflowError:
+        raise ValueError(f"invalid duration {value!r}: too large") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"invalid duration {value!r}: must be finite")
+    return seconds
+
+
+def _parse(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r}")
     if isinstance(value, int | float):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 
 from replicator.config import Profile
-from replicator.connections import connect
+from replicator.connections import ConnectError, connect
 from replicator.copier import Endpoints, OrderedCopier, ScaledWorker, Stopper
 from replicator.election import LeaderElection
 from replicator.metrics import Metrics, WorkerMetrics
@@ -94,17 +94,27 @@ class Replicator:
     async def _run_workers(self) -> None:
         name = self.profile.metrics_name
         worker_metrics = [self.metrics.worker(name, w.name) for w in self.workers]
-        for w, m in zip(self.workers, worker_metrics, strict=True):
-            w.source = await connect(self.profile, "source", w.name, m, stopping=lambda: self.stopper.stopping)
-            w.target = await connect(self.profile, "target", w.name, m, stopping=lambda: self.stopper.stopping)
-            m.leader.set(1)
+        try:
+            for w, m in zip(self.workers, worker_metrics, strict=True):
+                w.source = await connect(self.profile, "source", w.name, m, stopping=lambda: self.stopper.stopping)
+                w.target = await connect(self.profile, "target", w.name, m, stopping=lambda: self.stopper.stopping)
+                m.leader.set(1)
+        except ConnectError:
+            if self.stopper.stopping:  # a stop while still connecting is a clean stop
+                return
+            raise
         first = self.workers[0]
         assert first.source and first.target
         source_stream, target_stream = await self._streams(first.source, first.target)
         if self.stopper.stopping:
             return
-        self.sampling = await SamplingPlane.create(self.profile, first.source, first.target, worker_metrics,
-                                                   self.stopper)
+        try:
+            self.sampling = await SamplingPlane.create(self.profile, first.source, first.target, worker_metrics,
+                                                       self.stopper)
+        except ConnectError:
+            if self.stopper.stopping:
+                return
+            raise
         try:
             if self.profile.settings.ordered:
                 await self._run_ordered(first, worker_metrics[0], source_stream, target_stream)

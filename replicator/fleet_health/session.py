@@ -17,6 +17,9 @@ LOCAL_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.driver.memory": "1g",
+    # A local run talks to itself only: bind and advertise loopback, never the host's interfaces.
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
 }
 
 
@@ -29,6 +32,7 @@ def spark_session(master: str | None = None, conf: dict[str, str] | None = None)
             # Python workers must run this interpreter (the one with nats-py and pyarrow), not
             # whatever `python3` is first on PATH; the variable has to be set before the JVM starts.
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             for key, value in LOCAL_CONF.items():
                 builder = builder.config(key, value)
     for key, value in (conf or {}).items():

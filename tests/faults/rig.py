@@ -34,8 +34,9 @@ STREAM = "FLEET"
 
 class Rig:
     def __init__(self, tmp: Path, source: LocalNatsServer, target: LocalNatsServer, source_nc: Client,
-                 target_nc: Client, results: list[Outcome]) -> None:
+                 target_nc: Client, results: list[Outcome], *, userinfo: str = "") -> None:
         self.tmp = tmp
+        self.userinfo = userinfo  # "user:password@" for a source with authorization
         self.source, self.target = source, target
         # Replaced in open() by clients that reconnect within 0.25 s, so a measured time to recover
         # is the replicator's, not the test client's reconnect wait.
@@ -52,7 +53,8 @@ class Rig:
     # ---- set-up
     async def open(self) -> Rig:
         opts = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.25, "connect_timeout": 2}
-        self.source_nc = await nats.connect(self.source.url, name="fault-check-source", **opts)
+        source_url = self.source.url.replace("://", f"://{self.userinfo}", 1)
+        self.source_nc = await nats.connect(source_url, name="fault-check-source", **opts)
         self.target_nc = await nats.connect(self.target.url, name="fault-check-target", **opts)
         self._own = (self.source_nc, self.target_nc)
         return self
@@ -62,7 +64,8 @@ class Rig:
 
     def write_config(self, **overrides: Any) -> Path:
         settings: dict[str, Any] = {"max_in_flight": 1000, "monitor": self.monitor, **overrides}
-        config = topic_config(self.source_proxy.url, self.target_proxy.url, **settings)
+        source_url = self.source_proxy.url.replace("://", f"://{self.userinfo}", 1)
+        config = topic_config(source_url, self.target_proxy.url, **settings)
         return write_config(self.config_path, config)
 
     def spawn(self, *extra: str, instance: str | None = None,

@@ -64,7 +64,7 @@ BROKEN: list[tuple[dict[str, Any], dict[str, Any], str, str]] = [
      "only one of inspect"),
     ({"update_flag": "force"}, {}, "topics.cmdb", "need a sampling key"),
     ({"limiter_state": "kv"}, {}, "topics.cmdb", "limiter_state 'kv' needs a sampling key"),
-    ({"limiter_state": "file", **SAMPLED}, {}, "(top level): topics.cmdb.limiter_state", "needs state_dir"),
+    ({"limiter_state": "file", **SAMPLED}, {}, "topics.cmdb.limiter_state", "needs state_dir"),
     # missing keys and URLs
     ({"source_url": None}, {}, "topics.cmdb.source_url", "required key is missing"),
     ({"topic": None}, {}, "topics.cmdb.topic", "required key is missing"),
@@ -128,8 +128,6 @@ def test_unreadable_tls_and_credentials_files_exit_2(tmp_path: Path, capsys: pyt
 
 
 @pytest.mark.timeout(20)
-@pytest.mark.xfail(strict=False, reason="config.py load_config catches OSError only: a non-UTF-8 file raises "
-                   "UnicodeDecodeError (traceback, exit 1). Owner: lead (see docs/readme/reliability.md)")
 def test_config_file_that_is_not_utf8_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "sr.yaml"
     path.write_bytes(b"\xff\xfetopics: {}\n")
@@ -137,23 +135,17 @@ def test_config_file_that_is_not_utf8_exits_2(tmp_path: Path, capsys: pytest.Cap
     assert code == 2 and str(path) in err
 
 
-@pytest.mark.xfail(strict=False, reason="durations.py parse_duration: float(10**400) raises OverflowError, "
-                   "which pydantic does not turn into a ValidationError. Owner: lead")
 def test_huge_integer_duration_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"topics.cmdb.max_age: invalid duration"):
         parse_config(_config({"max_age": 10**400}, {}), "sr.yaml")
 
 
-@pytest.mark.xfail(strict=False, reason="durations.py accepts NaN and infinity (`.nan`, `.inf`, 400 digits): "
-                   "max_age .nan disables the check silently. Owner: lead")
 @pytest.mark.parametrize("value", [math.nan, math.inf, "9" * 400])
 def test_non_finite_durations_are_config_errors(value: object) -> None:
     with pytest.raises(ConfigError, match=r"topics.cmdb.max_age: invalid duration"):
         parse_config(_config({"max_age": value}, {}), "sr.yaml")
 
 
-@pytest.mark.xfail(strict=False, reason="config.py URL check `[^\\s/]+(:\\d+)?` lets `host:port` through "
-                   "as the host: the process then retries a connection that can never work. Owner: lead")
 @pytest.mark.parametrize("url", ["nats://host:port", "nats://a:4222:5", "nats://:4222"])
 def test_url_with_a_bad_port_is_a_config_error(url: str) -> None:
     with pytest.raises(ConfigError, match=r"topics.cmdb.target_url: invalid NATS URL"):
@@ -164,8 +156,7 @@ def test_url_with_a_bad_port_is_a_config_error(url: str) -> None:
 
 SCALARS = (
     st.none() | st.booleans()
-    # Bounded: an unbounded integer finds the OverflowError above (xfail) before anything new.
-    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.integers()
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=30)
     | st.sampled_from(["10s", "5m", "1h", "1d", "-1s", "1h30m", "nats://a:1", "tls://u:p@h:2,nats://x:3",

@@ -120,17 +120,12 @@ def run_cli(*args: str, within: float = 30.0) -> CliResult:
 def assert_clean_failure(result: CliResult, *needles: str) -> None:
     """Non-zero exit, an error line naming what went wrong, and no traceback.
 
-    The traceback check is the one place that depends on the CLI catching `ConnectError` (owned
-    by cli.py): if everything else holds and only that is missing, the test xfails saying so.
     """
     text = result.stderr + result.stdout
     assert result.code != 0, f"exit {result.code}\n{text[-3000:]}"
     lines = [line for line in text.splitlines() if all(n.lower() in line.lower() for n in needles)]
     assert lines, f"no line names {needles}:\n{text[-3000:]}"
     if "Traceback" in result.stderr:
-        if "ConnectError" in result.stderr:
-            pytest.xfail("cli.py does not catch replicator.connections.ConnectError yet: the process exits 1 "
-                         f"with the right message ({lines[-1].strip()[:160]}) but after a traceback")
         raise AssertionError(f"traceback:\n{result.stderr[-3000:]}")
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1, f"want one error line on stderr, got:\n{result.stderr}"

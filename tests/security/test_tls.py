@@ -65,8 +65,8 @@ async def test_tls_manual_layout_per_side_end_to_end(
         assert took is not None, (tmp_path / "worker.log").read_text()[-3000:]
     finally:
         assert stop(proc) == 0
-    source, copied = await read_stream(source_nc, "FLEET"), await read_stream(target_nc, "FLEET")
-    outcome = compare("tls manual", source, copied, recover_s=None)
+    originals, copies = await read_stream(source_nc, "FLEET"), await read_stream(target_nc, "FLEET")
+    outcome = compare("tls manual", originals, copies, recover_s=None)
     assert outcome.lost == outcome.duplicated == outcome.mismatched == outcome.out_of_order == 0, outcome
 
 
