@@ -306,7 +306,9 @@ class OrderedCopier:
         puller = self.puller
         idle_checks = 0.0
         while not self.stopper.stopping:
-            room = self.max_in_flight - len(self.window)
+            # Ask for a batch beyond the window, so the fetch round trip to the source overlaps
+            # the publish round trip to the target.
+            room = self.max_in_flight + puller.batch - len(self.window)
             if room > 0:
                 await puller.request(room)
             await wait_wake(self.wake, 1.0)

@@ -112,7 +112,7 @@ class TcpProxy:
                     continue
                 queue.put_nowait((time.monotonic() + self.delay, chunk))
         except (ConnectionError, OSError):
-            pass
+            pass  # the link was cut (by us or a peer): nothing to forward any more
         finally:
             # Deliver what was read before the peer closed (bounded), then close this direction.
             queue.put_nowait((0.0, b""))
