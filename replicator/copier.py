@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 PUBLISH_TIMEOUT = 5.0
 ACK_WAIT = 30.0
 POISON_ATTEMPTS = 5
+MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024
 EXPECTED_PREFIX = "Nats-Expected-"
 
 
@@ -219,6 +220,7 @@ class OrderedCopier:
         self.chain_open = False  # False: the next publish goes alone, without predecessor check
         self.backoff = Backoff()
         self.blocked_since: float | None = None
+        self.avg_size = 1024.0  # payload bytes per message, learned as messages arrive
         # Consumer (delivery) sequence of the last message delivered: deliveries count up by one, so
         # a jump means messages were lost in transit (a cut link) and must be fetched again.
         self.last_cseq = 0
@@ -307,10 +309,12 @@ class OrderedCopier:
         idle_checks = 0.0
         while not self.stopper.stopping:
             # Ask for a batch beyond the window, so the fetch round trip to the source overlaps
-            # the publish round trip to the target.
+            # the publish round trip to the target; but keep the bytes in flight well inside the
+            # client's outbound buffer, or large messages stall on forced flushes.
             room = self.max_in_flight + puller.batch - len(self.window)
-            if room > 0:
-                await puller.request(room)
+            held = (len(self.window) + len(puller.buffer) + puller.requested) * self.avg_size
+            if room > 0 and held < MAX_BYTES_IN_FLIGHT:
+                await puller.request(min(room, max(puller.batch, int(MAX_BYTES_IN_FLIGHT / self.avg_size))))
             await wait_wake(self.wake, 1.0)
             if puller.last_status is not None:
                 status, text = puller.last_status
@@ -324,6 +328,7 @@ class OrderedCopier:
                     admitted += 1
                     received_bytes += len(msg.data)
             if admitted:
+                self.avg_size = 0.8 * self.avg_size + 0.2 * (received_bytes / admitted)
                 self.ep.metrics.received_msgs.inc(admitted)
                 self.ep.metrics.received_bytes.inc(received_bytes)
             await self._drain()
