@@ -41,7 +41,7 @@ SCHEMA = StructType(
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """Reader options (all strings in Spark): see `docs/readme/fleet-health.md`."""
+    """Reader options (all strings in Spark): see the README (Fleet health)."""
 
     url: str
     stream: str

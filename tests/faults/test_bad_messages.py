@@ -237,7 +237,7 @@ async def test_publish_conditions_are_not_reapplied_on_the_target(
 @pytest.mark.timeout(60)
 @pytest.mark.xfail(strict=False, reason="nats-py parses headers into a dict[str, str]: a repeated header "
                    "name keeps only its last value and values lose surrounding whitespace, so the copy "
-                   "differs. A client-library limitation, documented in docs/readme/reliability.md")
+                   "differs. A client-library limitation, documented in the README (Reliability and security)")
 async def test_repeated_header_names_and_padded_values_survive(
     source_server: LocalNatsServer, source_nc: Client, small_target: LocalNatsServer, small_target_nc: Client
 ) -> None:
