@@ -67,7 +67,7 @@ async def _run(args: argparse.Namespace) -> int:
     profile = load_profile(args.config, args.topic, instance=args.instance)
     profile.check_files()
     cfg = profile.config
-    setup_logging(debug=cfg.debug, verbose=cfg.verbose, logfile=cfg.logfile, log_format=cfg.log_format)
+    setup_logging(debug=cfg.debug, logfile=cfg.logfile, log_format=cfg.log_format)
     replicator = Replicator(profile, monitor_port=args.monitor)
     replicator.install_signals()
     mode = "ordered" if profile.settings.ordered else f"scaled ({profile.settings.workers} workers)"

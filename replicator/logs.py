@@ -23,7 +23,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def setup_logging(*, debug: bool = False, verbose: bool = False, logfile: str | None = None,
+def setup_logging(*, debug: bool = False, logfile: str | None = None,
                   log_format: str = "text") -> None:
     level = logging.DEBUG if debug else logging.INFO
     handler: logging.Handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)

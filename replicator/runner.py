@@ -68,8 +68,6 @@ class Replicator:
         self.stopper.stop()
         for loop in self.loops:
             loop.stopper.stop()
-        if self.sampling is not None:
-            self.sampling.stop_soon()
 
     async def run(self) -> None:
         settings = self.profile.settings

@@ -78,9 +78,6 @@ class SamplingPlane:
             return None
         return Limiter(self.profile.settings, self.store, metrics)
 
-    def stop_soon(self) -> None:
-        """Signals arrive outside a coroutine; the orderly release happens in `close()`."""
-
     async def close(self) -> None:
         """After the copiers stopped: release leadership, stop advising, save state, disconnect."""
         if self.election is not None:
