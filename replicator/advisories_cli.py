@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from replicator.config import ConfigError, load_profile
+from replicator.jetstream_raw import nothing_sent
 from replicator.state_cli import EXIT_CONFIG, connect_side, duration_arg, regex_arg
 
 
@@ -152,8 +153,7 @@ async def _read_stream(
 
     sub = await js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True, config=config)
     try:
-        info = await sub.consumer_info()
-        if info.num_pending == 0 and sub.delivered == 0:
+        if nothing_sent(await sub.consumer_info()):
             caught_up.set()
         if args.follow:
             await _until_interrupted()

@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError
+from nats.js import api
 
 STATUS = "Status"
 DESCRIPTION = "Description"
@@ -317,3 +318,12 @@ async def term(nc: Client, reply: str, on_error: Callable[[], None]) -> None:
         await nc.publish(reply, b"+TERM")
     except Exception:
         on_error()
+
+
+def nothing_sent(info: api.ConsumerInfo) -> bool:
+    """True when a fresh consumer has nothing to deliver and has delivered nothing.
+
+    `num_pending == 0` alone is not enough: the server may already have sent every message,
+    still unread in our socket, so "caught up" must then come from the last message itself.
+    """
+    return info.num_pending == 0 and (info.delivered is None or not info.delivered.consumer_seq)

@@ -38,6 +38,7 @@ import nats.js.errors
 from nats.js import api
 
 from replicator.config import Profile, TopicConfig
+from replicator.jetstream_raw import nothing_sent
 from replicator.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
@@ -649,7 +650,7 @@ class KVStore(MemoryStore):
         )
         self._sub = sub
         info = await asyncio.wait_for(sub.consumer_info(), self.op_timeout)
-        if info.num_pending == 0 and sub.delivered == 0:
+        if nothing_sent(info):
             self._loaded.set()
 
     async def _unwatch(self) -> None:
@@ -1039,8 +1040,7 @@ async def read_kv_state(js: JetStreamContext, bucket: str, *, wait: float = 30.0
         config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT),
     )
     try:
-        info = await sub.consumer_info()
-        if info.num_pending or sub.delivered:
+        if not nothing_sent(await sub.consumer_info()):
             await asyncio.wait_for(done.wait(), wait)
     finally:
         await sub.unsubscribe()
