@@ -33,17 +33,23 @@ from nats.js.errors import NotFoundError
 
 from replicator.config import Profile
 from replicator.jetstream_raw import (
+    ACK_CONSUMER_SEQ,
+    ACK_DELIVERED,
+    ACK_PENDING,
+    ACK_STREAM_SEQ,
+    ACK_TIMESTAMP,
     PERMANENT_CODES,
     STREAM_FULL_HINTS,
     Publisher,
     PublishError,
     Puller,
     ack,
+    ack_tokens,
     nak,
-    parse_ack_subject,
     term,
 )
 from replicator.metrics import WorkerMetrics
+from replicator.sampling import Pending
 from replicator.streams import (
     EXPECTED_LAST_MSG_ID,
     MSG_ID,
@@ -63,7 +69,28 @@ EXPECTED_PREFIX = "Nats-Expected-"
 
 
 class Decider(Protocol):
-    async def should_copy(self, subject: str, headers: dict[str, str] | None, payload: bytes) -> bool: ...
+    """The limiter as the copy loops see it: `check` decides at once when it can (a skip, at fleet
+    rates, costs no await), else returns what `settle` needs to decide with the shared store;
+    `flush` publishes its counts, once per batch."""
+
+    def check(self, subject: str, headers: dict[str, str] | None, payload: bytes) -> bool | Pending: ...
+    async def settle(self, pending: Pending) -> bool: ...
+    def flush(self) -> None: ...
+
+
+async def wanted(ep: Endpoints, msg: Msg, tokens: list[str]) -> bool:
+    """Copy this delivery? Not when older than `max_age` (counted) or sampled out."""
+    max_age = ep.profile.settings.max_age
+    if max_age and time.time() - int(tokens[ACK_TIMESTAMP]) / 1e9 > max_age:
+        ep.metrics.too_old_msgs.inc()
+        return False
+    limiter = ep.limiter
+    if limiter is None:
+        return True
+    verdict = limiter.check(msg.subject, msg.headers, msg.data)
+    if isinstance(verdict, Pending):
+        return await limiter.settle(verdict)
+    return verdict
 
 
 @dataclass
@@ -172,9 +199,12 @@ class MessageTransform:
         return headers
 
 
-def too_old(ep: Endpoints, ts_ns: int, now: float) -> bool:
-    max_age = ep.profile.settings.max_age
-    return bool(max_age) and (now - ts_ns / 1e9) > max_age  # type: ignore[operator]
+def flush_counts(ep: Endpoints, lag: str | None) -> None:
+    """Per-batch metrics (a locked update per message would cost more than a skipped message)."""
+    if lag is not None:
+        ep.metrics.lag_msgs.set(int(lag))
+    if ep.limiter is not None:
+        ep.limiter.flush()
 
 
 def is_permanent(err: PublishError) -> bool:
@@ -187,17 +217,27 @@ def is_target_full(err: PublishError) -> bool:
 
 @dataclass(slots=True)
 class Entry:
-    """One source message in the ordered window."""
+    """One message in the ordered window, on its way to the target, and the skipped (sampled out,
+    too old) deliveries behind it: they are done when it is, and need no entry of their own."""
 
     msg: Msg
     seq: int
     received: float
-    subject: str = ""
-    headers: dict[str, str] | None = None
-    copy: bool = False
+    subject: str
+    headers: dict[str, str]
     future: asyncio.Future[None] | None = None
     sent_at: float = 0.0
     attempts: int = 0
+    skipped_seq: int = 0
+    skipped_reply: str = ""
+
+    @property
+    def last_seq(self) -> int:
+        return self.skipped_seq or self.seq
+
+    @property
+    def last_reply(self) -> str:
+        return self.skipped_reply or self.msg.reply
 
 
 @dataclass
@@ -216,6 +256,8 @@ class OrderedCopier:
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
         self.puller: Puller | None = None
         self.committed = 0  # highest source sequence copied or skipped, in order
+        self.ack_due: str | None = None  # reply subject of `committed` while not yet acked (AckAll)
+        self.lag: str | None = None  # pending count of the latest delivery, set once per batch
         self.last_id: str | None = None  # Nats-Msg-Id of the last message published in the chain
         self.chain_open = False  # False: the next publish goes alone, without predecessor check
         self.backoff = Backoff()
@@ -331,6 +373,7 @@ class OrderedCopier:
                 self.avg_size = 0.8 * self.avg_size + 0.2 * (received_bytes / admitted)
                 self.ep.metrics.received_msgs.inc(admitted)
                 self.ep.metrics.received_bytes.inc(received_bytes)
+                self._flush_counts()
             await self._drain()
             if self.gap is not None:
                 first, last = self.gap
@@ -346,8 +389,8 @@ class OrderedCopier:
     async def _admit(self, msg: Msg) -> bool:
         """Put a delivered message in the window (and on its way to the target); False if a redelivery."""
         ep = self.ep
-        meta = parse_ack_subject(msg.reply)
-        cseq = meta.consumer_seq
+        tokens = ack_tokens(msg.reply)
+        cseq = int(tokens[ACK_CONSUMER_SEQ])
         if cseq <= self.last_cseq:
             return False  # delivered before, or by a consumer we have since replaced
         if cseq != self.last_cseq + 1:
@@ -355,30 +398,35 @@ class OrderedCopier:
             self.gap = (self.last_cseq + 1, cseq - 1)
             return False
         self.last_cseq = cseq
-        seq = meta.stream_seq
-        if seq <= self.committed or (self.window and seq <= self.window[-1].seq):
-            if meta.delivered > 1 and seq <= self.committed:
+        seq = int(tokens[ACK_STREAM_SEQ])
+        window = self.window
+        if seq <= self.committed or (window and seq <= window[-1].last_seq):
+            if seq <= self.committed and tokens[ACK_DELIVERED] != "1":
                 await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return False  # a redelivery of something done or already in the window
-        m = ep.metrics
-        m.lag_msgs.set(meta.pending)
-        entry = Entry(msg=msg, seq=seq, received=time.monotonic())
-        if too_old(ep, meta.timestamp_ns, time.time()):
-            m.too_old_msgs.inc()
-        elif ep.limiter is None or await ep.limiter.should_copy(msg.subject, msg.headers, msg.data):
-            entry.copy = True
-            entry.subject = self.transform.rewrite(msg.subject)
-            entry.headers = self.transform.headers(msg, seq, meta.timestamp_ns)
-        self.window.append(entry)
-        if entry.copy:
-            if self.chain_open:
-                await self._send(entry)
-            elif self._first_copy() is entry:
-                await self._send_alone(entry)
+        self.lag = tokens[ACK_PENDING]
+        if not await wanted(ep, msg, tokens):
+            if window:  # done when the copy ahead of it is
+                tail = window[-1]
+                tail.skipped_seq, tail.skipped_reply = seq, msg.reply
+            else:
+                self.committed, self.ack_due = seq, msg.reply
+            return True
+        entry = Entry(msg, seq, time.monotonic(), self.transform.rewrite(msg.subject),
+                      self.transform.headers(msg, seq, int(tokens[ACK_TIMESTAMP])))
+        window.append(entry)
+        if self.chain_open:
+            await self._send(entry)
+        elif window[0] is entry:
+            await self._send_alone(entry)
         return True
 
+    def _flush_counts(self) -> None:
+        flush_counts(self.ep, self.lag)
+        self.lag = None
+
     def _first_copy(self) -> Entry | None:
-        return next((e for e in self.window if e.copy), None)
+        return self.window[0] if self.window else None
 
     async def _send(self, entry: Entry) -> None:
         assert entry.headers is not None
@@ -412,43 +460,45 @@ class OrderedCopier:
         self.chain_open = True
         # Anything admitted behind it while we waited can now go, chained.
         for later in self.window:
-            if later.copy and later.future is None and later is not entry:
+            if later.future is None and later is not entry:
                 await self._send(later)
 
     async def _drain(self) -> None:
         """Retire the completed prefix of the window in order, then ack the source once (AckAll)."""
         ep = self.ep
         m = ep.metrics
-        last_done: Entry | None = None
         now = time.monotonic()
         copied = copied_bytes = 0
         observe = m.processing_time.observe
-        while self.window:
-            head = self.window[0]
-            if head.copy:
-                fut = head.future
-                if fut is None or not fut.done():
-                    break
-                err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
-                if err is not None:
-                    self._count_copied(copied, copied_bytes)
-                    await self._recover(head, err if isinstance(err, PublishError) else PublishError(str(err)))
-                    return
-                copied += 1
-                copied_bytes += len(head.msg.data)
-                observe(now - head.received)
-                if self.blocked_since is not None:
-                    log.info("%s target accepts messages again", ep.worker)
-                    self.blocked_since = None
-                    m.target_blocked.set(0)
-            self.window.popleft()
-            last_done = head
-        self._count_copied(copied, copied_bytes)
-        if last_done is not None:
-            self.committed = last_done.seq
-            m.current_sequence.set(last_done.seq)
+        failed: tuple[Entry, PublishError] | None = None
+        window = self.window
+        while window:
+            head = window[0]
+            fut = head.future
+            if fut is None or not fut.done():
+                break
+            err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
+            if err is not None:
+                failed = head, err if isinstance(err, PublishError) else PublishError(str(err))
+                break
+            copied += 1
+            copied_bytes += len(head.msg.data)
+            observe(now - head.received)
+            window.popleft()
+            self.committed, self.ack_due = head.last_seq, head.last_reply
+        if copied:
+            self._count_copied(copied, copied_bytes)
+            if self.blocked_since is not None:
+                log.info("%s target accepts messages again", ep.worker)
+                self.blocked_since = None
+                m.target_blocked.set(0)
+        if self.ack_due is not None:
+            reply, self.ack_due = self.ack_due, None
+            m.current_sequence.set(self.committed)
             self.backoff.reset()
-            await ack(ep.source_nc, last_done.msg.reply, m.acks_failed.inc)
+            await ack(ep.source_nc, reply, m.acks_failed.inc)
+        if failed is not None:
+            await self._recover(*failed)
 
     def _count_copied(self, n: int, size: int) -> None:
         if n:
@@ -460,7 +510,7 @@ class OrderedCopier:
         if not self.window:
             return
         head = self.window[0]
-        if head.copy and head.future is not None and not head.future.done() and now - head.sent_at > PUBLISH_TIMEOUT:
+        if head.future is not None and not head.future.done() and now - head.sent_at > PUBLISH_TIMEOUT:
             await self._recover(head, PublishError("publish timed out"))
         elif not self.chain_open:
             first = self._first_copy()
@@ -497,13 +547,11 @@ class OrderedCopier:
         while self.window and (self.window[0].seq <= landed or self._acked_ok(self.window[0])):
             done = self.window.popleft()
             _settled(done.future)
-            if done.copy:
-                m.copied_msgs.inc()
-                m.copied_bytes.inc(len(done.msg.data))
-            self.committed = done.seq
+            self._count_copied(1, len(done.msg.data))
+            self.committed, self.ack_due = done.last_seq, done.last_reply
         if self.window and self.window[0] is head and is_permanent(err) and head.attempts >= POISON_ATTEMPTS:
             self.window.popleft()
-            self.committed = head.seq
+            self.committed, self.ack_due = head.last_seq, head.last_reply
             log.error("%s gave up on source sequence %d after %d attempts: %s (skipped, counted in failed_msgs)",
                       ep.worker, head.seq, head.attempts, err.description)
         for e in self.window:
@@ -520,8 +568,6 @@ class OrderedCopier:
 
     @staticmethod
     def _acked_ok(entry: Entry) -> bool:
-        if not entry.copy:
-            return True
         fut = entry.future
         return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
 
@@ -552,7 +598,7 @@ class OrderedCopier:
         """
         assert self.puller is not None
         ep = self.ep
-        resume = max(self.committed, self.window[-1].seq if self.window else 0) + 1
+        resume = max(self.committed, self.window[-1].last_seq if self.window else 0) + 1
         position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": resume}
         try:
             if delete:
@@ -572,6 +618,7 @@ class OrderedCopier:
         deadline = time.monotonic() + PUBLISH_TIMEOUT * 2
         if self.puller is not None:
             self.puller.buffer.clear()
+        await self._drain()  # skips admitted last are acked here even with an empty window
         while self.window and time.monotonic() < deadline:
             if not self.chain_open:
                 first = self._first_copy()
@@ -618,6 +665,8 @@ class ScaledWorker:
         self.finished: deque[InFlight] = deque()  # settled by the target, waiting to be acked or nak'ed
         self.in_flight = 0
         self.max_in_flight = self.ep.profile.settings.max_in_flight
+        self.lag: str | None = None  # pending count of the latest delivery, set once per batch
+        self.last_seq = 0
 
     async def run(self) -> None:
         ep = self.ep
@@ -658,6 +707,7 @@ class ScaledWorker:
                 if received:
                     ep.metrics.received_msgs.inc(received)
                     ep.metrics.received_bytes.inc(received_bytes)
+                    self._flush_counts()
                 await self._settle()
                 now = time.monotonic()
                 if now - last_check > 1.0:
@@ -680,23 +730,24 @@ class ScaledWorker:
 
     async def _admit(self, msg: Msg) -> None:
         ep = self.ep
-        m = ep.metrics
-        meta = parse_ack_subject(msg.reply)
-        m.lag_msgs.set(meta.pending)
-        m.current_sequence.set(meta.stream_seq)
-        if too_old(ep, meta.timestamp_ns, time.time()):
-            m.too_old_msgs.inc()
-            await ack(ep.source_nc, msg.reply, m.acks_failed.inc)
+        tokens = ack_tokens(msg.reply)
+        seq = int(tokens[ACK_STREAM_SEQ])
+        self.lag, self.last_seq = tokens[ACK_PENDING], seq
+        if not await wanted(ep, msg, tokens):
+            await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return
-        if ep.limiter is not None and not await ep.limiter.should_copy(msg.subject, msg.headers, msg.data):
-            await ack(ep.source_nc, msg.reply, m.acks_failed.inc)
-            return
-        headers = self.transform.headers(msg, meta.stream_seq, meta.timestamp_ns)
+        headers = self.transform.headers(msg, seq, int(tokens[ACK_TIMESTAMP]))
         fut = await self.publisher.publish(self.transform.rewrite(msg.subject), msg.data, headers)
-        item = InFlight(msg, fut, time.monotonic(), meta.delivered)
+        item = InFlight(msg, fut, time.monotonic(), int(tokens[ACK_DELIVERED]))
         self.sent.append(item)
         self.in_flight += 1
         fut.add_done_callback(functools.partial(self._finished, item))
+
+    def _flush_counts(self) -> None:
+        if self.lag is not None:
+            self.ep.metrics.current_sequence.set(self.last_seq)
+        flush_counts(self.ep, self.lag)
+        self.lag = None
 
     def _finished(self, item: InFlight, _future: asyncio.Future[None]) -> None:
         self.finished.append(item)

@@ -90,19 +90,27 @@ class JsMeta:
     pending: int
 
 
-def parse_ack_subject(reply: str) -> JsMeta:
-    """Both the v1 (`$JS.ACK.<stream>...`) and v2 (with domain and account hash) forms.
+def ack_tokens(reply: str) -> list[str]:
+    """The metadata tokens of a JetStream ack subject, unconverted: index them with the `ACK_*`
+    constants and convert only what you use (the copy loops read every delivery's).
 
     v1: `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`;
     v2: `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]`.
     """
     tokens = reply.split(".")
     if len(tokens) == 9:
-        t = tokens[2:]
-    elif len(tokens) >= 11:
-        t = tokens[4:]
-    else:
-        raise ValueError(f"not a JetStream ack subject: {reply!r}")
+        return tokens[2:]
+    if len(tokens) >= 11:
+        return tokens[4:11]
+    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+
+
+ACK_DELIVERED, ACK_STREAM_SEQ, ACK_CONSUMER_SEQ, ACK_TIMESTAMP, ACK_PENDING = 2, 3, 4, 5, 6
+
+
+def parse_ack_subject(reply: str) -> JsMeta:
+    """Both the v1 and v2 forms (see `ack_tokens`), converted."""
+    t = ack_tokens(reply)
     return JsMeta(t[0], t[1], int(t[2]), int(t[3]), int(t[4]), int(t[5]), int(t[6]))
 
 

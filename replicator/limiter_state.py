@@ -97,8 +97,16 @@ class StateStore(Protocol):
 
     kind: str
     resolution: float
+    table: SenderTable
+    local: bool
+    """True: only this process decides, so `insert` and `copied_now` may record copies at once;
+    False (KV): copies are claimed through `observe`."""
 
     def __len__(self) -> int: ...
+    def live_slot(self, key: str, now: float) -> int | None: ...
+    def touch(self, key: str, i: int, now: float) -> None: ...
+    def insert(self, key: str, now: float, size: int) -> None: ...
+    def copied_now(self, key: str, i: int, now: float, size: int) -> None: ...
     def get(self, key: str) -> Sender | None: ...
     def keys(self) -> list[str]: ...
     def add_listener(self, listener: Listener) -> None: ...
@@ -274,6 +282,7 @@ class MemoryStore:
     advisories: there the active advisor forgets them at `age`, after announcing `expire`)."""
 
     kind = "memory"
+    local = True
 
     def __init__(
         self,
@@ -294,6 +303,8 @@ class MemoryStore:
         self.interval = scan_interval(settings)
         self.keep_for = self.age * 2 if settings.advisory else self.age
         self.table = table if table is not None else SenderTable()
+        # Read at scrape time: setting it on every new sender would cost more than the insert.
+        metrics.limiter_seen.set_function(self.table.__len__)
         self._listeners: list[Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -352,33 +363,48 @@ class MemoryStore:
                 removed += 1
             if n % 5000 == 4999:
                 await asyncio.sleep(0)
-        self.metrics.limiter_seen.set(len(t))
         return removed
 
     # -- the hot path
-    async def observe(self, key: str, now: float, size: int, decide: Decide) -> Observation:
-        """Record a message from `key` and apply `decide`; atomic per sender (no await inside)."""
+    def live_slot(self, key: str, now: float) -> int | None:
+        """The sender's row if the limiter may decide on it from here, without waiting."""
+        i = self.table.index.get(key)
+        if i is None or now - self.table.seen[i] >= self.age:
+            return None  # new, or forgotten: a new life
+        return i
+
+    def touch(self, key: str, i: int, now: float) -> None:
+        """A message from a live sender."""
         t = self.table
-        i = t.slot(key)
-        current = t.sender_at(i) if i is not None else None
-        if current is not None and now - current.seen >= self.age:
-            current = None  # forgotten: a new life, copied at once
-        copy = decide(current)
-        if current is None:
-            if not copy:
-                return Observation(False, False)
-            t.put(key, Sender(first=now, seen=now, copied=now, size=size))
-            self.metrics.limiter_seen.set(len(t))
-            self._notify(key)
-            return Observation(True, True)
-        assert i is not None
         if now > t.seen[i]:
             t.seen[i] = now
+        if t.adv[i] > 0 and self._listeners:
+            self._notify(key)  # timed out before: the advisor owes a `recover`
+
+    def insert(self, key: str, now: float, size: int) -> None:
+        """A new sender (or a new life of a forgotten one), copied now."""
+        self.table.put(key, Sender(first=now, seen=now, copied=now, size=size))
+        self._notify(key)
+
+    def copied_now(self, key: str, i: int, now: float, size: int) -> None:
+        t = self.table
+        t.copied[i] = now
+        t.size[i] = max(0, min(size, 0xFFFFFFFF))
+        self.touch(key, i, now)
+
+    async def observe(self, key: str, now: float, size: int, decide: Decide) -> Observation:
+        """Record a message from `key` and apply `decide`; atomic per sender (no await inside)."""
+        i = self.live_slot(key, now)
+        if i is None:
+            if not decide(None):
+                return Observation(False, False)
+            self.insert(key, now, size)
+            return Observation(True, True)
+        copy = decide(self.table.sender_at(i))
         if copy:
-            t.copied[i] = now
-            t.size[i] = max(0, min(size, 0xFFFFFFFF))
-        if current.adv > 0 and self._listeners:
-            self._notify(key)
+            self.copied_now(key, i, now, size)
+        else:
+            self.touch(key, i, now)
         return Observation(copy, False)
 
     # -- the advisor's side
@@ -404,7 +430,6 @@ class MemoryStore:
         if current.seen != expected.seen or current.first != expected.first:
             return False
         self.table.remove(key)
-        self.metrics.limiter_seen.set(len(self.table))
         return True
 
 
@@ -485,7 +510,6 @@ class FileStore(MemoryStore):
         for key, sender in senders.items():
             if now - sender.seen < self.keep_for:
                 self.table.put(key, sender)
-        self.metrics.limiter_seen.set(len(self.table))
         log.info("limiter state: loaded %d senders from %s", len(self.table), self.path)
 
     async def save(self) -> None:
@@ -545,6 +569,7 @@ class KVStore(MemoryStore):
     """A JetStream KV bucket shared by every process of the topic, behind a local cache."""
 
     kind = "kv"
+    local = False
 
     def __init__(
         self,
@@ -777,7 +802,12 @@ class KVStore(MemoryStore):
         self._wake.set()
 
     # -- the hot path
-    def _touch(self, key: str, i: int, now: float) -> None:
+    def live_slot(self, key: str, now: float) -> int | None:
+        if key in self._claims:
+            return None  # another worker here is claiming it: wait for its result in observe
+        return super().live_slot(key, now)
+
+    def touch(self, key: str, i: int, now: float) -> None:
         """A skipped message: only the cache changes (the KV hears of it later, if it must)."""
         t = self.table
         if now > t.seen[i]:
@@ -793,7 +823,6 @@ class KVStore(MemoryStore):
         """A copy decided without the KV: remembered here, written back when it answers."""
         if current is None:
             i = self.table.put(key, Sender(first=now, seen=now, copied=now, size=size))
-            self.metrics.limiter_seen.set(len(self.table))
             self._notify(key)
         else:
             i = self.table.put(key, replace(current, seen=max(current.seen, now), copied=now, size=size))
@@ -809,7 +838,7 @@ class KVStore(MemoryStore):
         if not decide(current):
             i = self.table.slot(key)
             if i is not None:
-                self._touch(key, i, now)
+                self.touch(key, i, now)
             return Observation(False, False)
         if self.degraded:
             self.metrics.limiter_state_errors.inc()
@@ -831,7 +860,7 @@ class KVStore(MemoryStore):
             if attempt and not decide(None if fresh else current):
                 i = self.table.slot(key)
                 if i is not None:
-                    self._touch(key, i, now)
+                    self.touch(key, i, now)
                 return Observation(False, False)
             if fresh or current is None:
                 record = Sender(first=now, seen=now, copied=now, size=size)
@@ -853,7 +882,6 @@ class KVStore(MemoryStore):
                 return Observation(True, fresh)
             self._written(key, record, new_rev)
             if fresh:
-                self.metrics.limiter_seen.set(len(self.table))
                 self._notify(key)
             return Observation(True, fresh)
         log.warning("sender %r: KV contention did not settle in 5 tries: copying", key)
@@ -1011,7 +1039,6 @@ class KVStore(MemoryStore):
             self._fail(err)
             return False
         self._drop(key)
-        self.metrics.limiter_seen.set(len(self.table))
         return True
 
 

@@ -12,6 +12,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -94,61 +95,53 @@ def is_true(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() in _TRUE_STRINGS
 
 
-class _Payload:
-    """Parses the JSON body once, on first need, for both the key and the update flag."""
-
-    __slots__ = ("_doc", "_parsed", "_raw")
-
-    def __init__(self, raw: bytes) -> None:
-        self._raw = raw
-        self._parsed = False
-        self._doc: Any = _MISSING
-
-    @property
-    def doc(self) -> Any:
-        """The decoded body, or `_MISSING` when it is not JSON (binary, truncated, too deep)."""
-        if not self._parsed:
-            self._parsed = True
-            try:
-                self._doc = orjson.loads(self._raw)
-            except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
-                self._doc = _MISSING
-        return self._doc
+def _parse(raw: bytes) -> Any:
+    """The decoded body, or `_MISSING` when it is not JSON (binary, truncated, too deep)."""
+    try:
+        return orjson.loads(raw)
+    except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
+        return _MISSING
 
 
-def _extract(
-    settings: TopicConfig, subject: str, headers: Mapping[str, str] | None, body: _Payload
-) -> str | None:
+def _identify(
+    settings: TopicConfig, subject: str, headers: Mapping[str, str] | None, payload: bytes
+) -> tuple[str | None, bool]:
+    """(sender key or None, update flag raised): the body is parsed at most once, only if needed."""
+    doc = _parse(payload) if settings.inspect or settings.update_flag else _MISSING
+    key: str | None = None
     if settings.inspect:
-        doc = body.doc
-        if not isinstance(doc, dict):
-            return None
-        return _scalar_key(lookup(doc, settings.inspect))
-    if settings.inspect_header:
-        return _header(headers, settings.inspect_header)
-    if settings.inspect_subject_token:
+        if isinstance(doc, dict):
+            key = _scalar_key(lookup(doc, settings.inspect))
+    elif settings.inspect_header:
+        key = _header(headers, settings.inspect_header)
+    elif settings.inspect_subject_token:
         tokens = subject.split(".")
         n = settings.inspect_subject_token
-        return (tokens[n - 1] or None) if n <= len(tokens) else None
-    return None
+        key = (tokens[n - 1] or None) if n <= len(tokens) else None
+    if key is None:
+        return None, False
+    flag = settings.update_flag
+    if not flag:
+        return key, False
+    forced = (isinstance(doc, dict) and is_true(lookup(doc, flag))) or is_true(_header(headers, flag))
+    return key, forced
 
 
 def extract_key(
     settings: TopicConfig, subject: str, headers: Mapping[str, str] | None, payload: bytes
 ) -> str | None:
     """The sender identity of one message, or None when it has none (never raises)."""
-    return _extract(settings, subject, headers, _Payload(payload))
+    return _identify(settings, subject, headers, payload)[0]
 
 
-def _flagged(settings: TopicConfig, headers: Mapping[str, str] | None, body: _Payload) -> bool:
-    """`update_flag` read from the JSON body, or from a header of that name for non-JSON topics."""
-    flag = settings.update_flag
-    if not flag:
-        return False
-    doc = body.doc
-    if isinstance(doc, dict) and is_true(lookup(doc, flag)):
-        return True
-    return is_true(_header(headers, flag))
+@dataclass(slots=True)
+class Pending:
+    """A decision only the store can make (a new sender, or one that may be due): see `settle`."""
+
+    key: str
+    now: float
+    size: int
+    forced: bool
 
 
 class Limiter:
@@ -175,30 +168,67 @@ class Limiter:
         self.clock = clock
         self.on_new = on_new
         self.age = float(settings.age)
-        self.size_trigger = settings.size_trigger
+        self.surely_not_due = self.age * (1 - SPLAY_FRACTION)  # no sender's interval is shorter
+        self.size_trigger = settings.size_trigger or 0
+        # Counted here and added to the Prometheus counters by `flush` (once per batch in the copy
+        # loops): a locked counter increment per message costs more than the skip it counts.
+        self.unflushed_skipped = 0
+        self.unflushed_passed = 0
+
+    def due(self, key: str, copied: float, last_size: int, now: float, size: int) -> bool:
+        """The sampling rule for a known, live sender: its interval is over or its size moved."""
+        since = now - copied
+        if since >= self.surely_not_due and since >= self.age - splay(key, self.age):
+            return True
+        return bool(self.size_trigger) and abs(size - last_size) >= self.size_trigger
 
     def decide(self, key: str, sender: Sender | None, now: float, size: int, forced: bool) -> bool:
-        """The sampling rule for a sender the store knows (or None when new or forgotten)."""
+        """The rule for whatever the store holds (None: new or forgotten, always copied)."""
         if sender is None or forced:
             return True
-        if now - sender.copied >= self.age - splay(key, self.age):
-            return True
-        return bool(self.size_trigger) and abs(size - sender.size) >= (self.size_trigger or 0)
+        return self.due(key, sender.copied, sender.size, now, size)
 
-    async def should_copy(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool:
-        """True: copy it. False: skip it (the copier acks it on the source). Never raises for bad input."""
-        body = _Payload(payload)
+    def check(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending:
+        """The decision when it needs no waiting, else what `settle` needs.
+
+        At fleet rates most messages come from a known sender that is not due: those are skipped
+        here, synchronously, from the store's cache; a store private to this process (memory,
+        file) decides copies here too. Only the shared KV store needs `settle` to claim a copy.
+        Keyless messages are copied (and counted).
+        """
         try:
-            key = _extract(self.settings, subject, headers, body)
+            key, forced = _identify(self.settings, subject, headers, payload)
         except Exception:  # a sampling bug must not stop replication
             log.exception("sampling key extraction failed on %s", subject)
-            key = None
+            key, forced = None, False
         if key is None:
             self.metrics.limiter_errors.inc()
             return True
-        forced = _flagged(self.settings, headers, body)
-        size = len(payload)
         now = self.clock()
+        size = len(payload)
+        store = self.store
+        i = store.live_slot(key, now)
+        if i is None:
+            if not store.local:
+                return Pending(key, now, size, forced)
+            store.insert(key, now, size)
+            self.unflushed_passed += 1
+            self._announce(key)
+            return True
+        t = store.table
+        if forced or self.due(key, t.copied[i], t.size[i], now, size):
+            if not store.local:
+                return Pending(key, now, size, forced)
+            store.copied_now(key, i, now, size)
+            self.unflushed_passed += 1
+            return True
+        store.touch(key, i, now)
+        self.unflushed_skipped += 1
+        return False
+
+    async def settle(self, pending: Pending) -> bool:
+        """Ask the store, which settles races between workers (and, on KV, between processes)."""
+        key, now, size, forced = pending.key, pending.now, pending.size, pending.forced
 
         def decide(sender: Sender | None) -> bool:
             return self.decide(key, sender, now, size, forced)
@@ -209,13 +239,34 @@ class Limiter:
             log.exception("limiter state store failed for %r: copying", key)
             self.metrics.limiter_state_errors.inc()
             return True
-        if result.new and self.on_new is not None:
+        if result.new:
+            self._announce(key)
+        if result.copy:
+            self.unflushed_passed += 1
+        else:
+            self.unflushed_skipped += 1
+        return result.copy
+
+    def _announce(self, key: str) -> None:
+        if self.on_new is not None:
             try:
                 self.on_new(key)
             except Exception:
                 log.exception("on_new callback failed for %r", key)
-        if result.copy:
-            self.metrics.limiter_passed.inc()
-        else:
-            self.metrics.limiter_skipped.inc()
-        return result.copy
+
+    def flush(self) -> None:
+        """Add the decisions counted since the last flush to the metrics."""
+        if self.unflushed_skipped:
+            self.metrics.limiter_skipped.inc(self.unflushed_skipped)
+            self.unflushed_skipped = 0
+        if self.unflushed_passed:
+            self.metrics.limiter_passed.inc(self.unflushed_passed)
+            self.unflushed_passed = 0
+
+    async def should_copy(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool:
+        """True: copy it. False: skip it (the copier acks it on the source). Never raises for bad input."""
+        verdict = self.check(subject, headers, payload)
+        if isinstance(verdict, Pending):
+            verdict = await self.settle(verdict)
+        self.flush()
+        return verdict

@@ -79,4 +79,4 @@ async def eventually(
 
 def value(metric: Any) -> float:
     """Current value of a labelled prometheus counter or gauge."""
-    return float(metric._value.get())
+    return float(metric._samples()[0].value)  # what a scrape reads, function-backed gauges too
