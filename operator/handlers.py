@@ -33,6 +33,9 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         settings.networking.error_backoffs = [0.5, 1, 2, 4]
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # A CR deleted while its status timer is mid-read (NATS) is released once the timer exits,
+        # not at kopf's next 60 s cancellation poll: the timer stops its own work when told.
+        settings.background.instant_exit_timeout = 5.0
         reconciler.api.settings = settings
 
     async def apply(body: kopf.Body, reason: str) -> None:

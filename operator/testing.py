@@ -2,8 +2,10 @@
 
 Used by the operator tests and `bench/operator_reconcile.py`; needs the `test` extra (kmock).
 kmock's KubernetesEmulator stores objects and serves list/watch/patch, but, unlike an API server,
-stamps no uid, resourceVersion or generation, has no generateName and no status subresource; the
-subclass below adds those, because kopf and the operator rely on them.
+stamps no uid, resourceVersion or generation, has no generateName and no status subresource, and
+cannot parse `/api/v1/namespaces`; the subclass below adds those, because kopf and the operator rely
+on them. It also records every API call as an RBAC (verb, group, resource) per caller, so that a
+test can compare what the operator really calls with what its RBAC grants.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import contextlib
 import copy
 import datetime as dt
 import itertools
+import json
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp.web
 import jsonpatch
@@ -26,6 +29,34 @@ from replication_operator import handlers, naming
 from replication_operator.reconciler import OperatorConfig, Reconciler
 
 ALL_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+# The bearer token `embedded_operator` logs in with: the emulator files the operator's calls under it.
+OPERATOR_TOKEN = "embedded-operator"
+NAMESPACES = kmock.resource("", "v1", "namespaces")
+
+
+class ApiCall(NamedTuple):
+    """One kind of API call, as RBAC sees it: `resource` is "plural" or "plural/subresource";
+    `namespaced` is whether the URL named a namespace (a Role there can grant it) or not (only a
+    ClusterRole can: cluster-scoped resources, and namespaced ones listed/watched across namespaces)."""
+
+    verb: str
+    group: str
+    resource: str
+    namespaced: bool
+
+
+def rbac_verb(method: str, name: str | None, params: Mapping[str, str]) -> str:
+    """The RBAC verb an API server authorizes an HTTP request as."""
+    method = method.upper()
+    if method == "GET":
+        if params.get("watch") in ("true", "1"):
+            return "watch"
+        return "get" if name else "list"
+    if method == "DELETE":
+        return "delete" if name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
 
 # (group/version/plural, kind, namespaced, subresources)
 RESOURCES: list[tuple[str, str, bool, set[str]]] = [
@@ -69,6 +100,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self._last_version = 0
         self.calls = 0  # API requests served
         self.writes = 0  # of which creates, patches and deletes
+        # Every kind of call served, by caller (its bearer token; "" without one): resource calls as
+        # RBAC sees them, and the rest (discovery: /api, /apis/<group>/<version>, /version) by path.
+        self.api_calls: dict[str, set[ApiCall]] = {}
+        self.other_calls: dict[str, set[tuple[str, str]]] = {}
         self._inflight: dict[int, kmock.Request] = {}
         self._with_status: set[tuple[str, str]] = set()
         for path, kind, namespaced, subresources in RESOURCES:
@@ -112,8 +147,56 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         gv = f"{resource.group}/{resource.version}" if resource.group else str(resource.version)
         return (gv, str(resource.plural)) in self._with_status
 
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """kmock's path parser takes `/api/v1/namespaces` for a namespaced path that lacks its plural
+        and fails; kopf lists and watches it when it serves chosen namespaces: parse it here."""
+        if raw_request.path.rstrip("/") != "/api/v1/namespaces":
+            return await super().__call__(raw_request)
+        body = await raw_request.read()
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            data = None
+        query = dict(raw_request.query)
+        actions = {
+            "GET": kmock.action.WATCH if query.get("watch") == "true" else kmock.action.LIST,
+            "POST": kmock.action.CREATE,
+        }
+        request = kmock.Request(
+            id=len(self._requests),
+            raw_request=raw_request,
+            url=raw_request.url,
+            method=raw_request.method,
+            params=query,
+            headers=dict(raw_request.headers),
+            body=body,
+            text=body.decode(errors="replace"),
+            data=data,
+            action=actions.get(raw_request.method),
+            resource=NAMESPACES,
+        )
+        self._requests.append(request)
+        return await self._handle(request)
+
+    def _record(self, request: kmock.Request) -> None:
+        auth = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
+        caller = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else ""
+        resource = request.resource
+        if resource is None or not resource.plural:
+            self.other_calls.setdefault(caller, set()).add((request.method.value, request.url.path))
+            return
+        plural = f"{resource.plural}/{request.subresource}" if request.subresource else str(resource.plural)
+        verb = rbac_verb(request.method.value, request.name, request.params)
+        call = ApiCall(verb, str(resource.group or ""), plural, request.namespace is not None)
+        self.api_calls.setdefault(caller, set()).add(call)
+
+    def calls_of(self, caller: str = OPERATOR_TOKEN) -> set[ApiCall]:
+        """The kinds of call made with a bearer token (by default: the embedded operator's)."""
+        return set(self.api_calls.get(caller, ()))
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         self.calls += 1
+        self._record(request)
         if request.action in (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE):
             self.writes += 1
         # kmock matches every request against its reactions by scanning the whole request history,
@@ -237,11 +320,17 @@ async def embedded_operator(
     *,
     namespaces: list[str] | None = None,
     config: OperatorConfig | None = None,
+    peering: str | None = None,
+    settings: kopf.OperatorSettings | None = None,
 ) -> AsyncIterator[Reconciler]:
-    """The operator's real handlers in this event loop, logged in to `server`; stopped on exit.
+    """The operator's real handlers in this event loop, logged in to `server` with the bearer token
+    `OPERATOR_TOKEN`; stopped on exit.
 
-    Cluster-wide by default: kmock cannot list namespaces (`/api/v1/namespaces` breaks its path
-    parser), which kopf does for namespace-restricted operators.
+    Cluster-wide unless `namespaces` are given (kopf then lists and watches namespaces: create them
+    in the emulator first). Standalone unless `peering` names a peering object (ClusterKopfPeering
+    when cluster-wide, KopfPeering in each namespace otherwise), which must exist: kopf keeps the
+    operator paused until it has seen it. `settings` start from kopf's defaults unless given (the
+    operator's startup handler then sets its own on them).
     """
     registry = kopf.OperatorRegistry()
     reconciler = Reconciler(config or OperatorConfig())
@@ -249,14 +338,15 @@ async def embedded_operator(
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=server, insecure=True)
+        return kopf.ConnectionInfo(server=server, insecure=True, token=OPERATOR_TOKEN)
 
     foreign = _ForeignTasks(set(asyncio.all_tasks()))
     ready, stop = asyncio.Event(), asyncio.Event()
     tasks = await kopf.spawn_tasks(
         registry=registry,
-        settings=kopf.OperatorSettings(),
-        standalone=True,
+        settings=settings or kopf.OperatorSettings(),
+        standalone=peering is None,
+        peering_name=peering,
         namespaces=namespaces or [],
         clusterwide=not namespaces,
         ready_flag=ready,

@@ -1,7 +1,7 @@
 """Helpers for the chart tests: render the chart with the real Helm engine and read what it made.
 
-Also the operator's RBAC contract (`EXPECTED_RBAC`), so a test of the operator's real API calls can
-compare against the same list the chart is checked with.
+Also the operator's RBAC contract (`EXPECTED_*`, `expected_rbac`), so the test of the operator's real
+API calls (tests/operator/test_operator_rbac.py) compares against the same list the chart is checked with.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ RELEASE_NAMESPACE = "ops"
 
 CHILDREN = frozenset({"get", "list", "watch", "create", "patch"})
 OPTIONAL_CHILDREN = CHILDREN | {"delete"}
-PEERING = frozenset({"get", "list", "watch", "patch"})
+PEERING = frozenset({"list", "watch", "patch"})  # kopf watches and patches it, never reads it by name
 
 # (apiGroup, resource) -> verbs. Namespaced resources: granted in each served namespace (or cluster-wide).
 EXPECTED_NAMESPACED: dict[tuple[str, str], frozenset[str]] = {
@@ -38,8 +38,9 @@ EXPECTED_NAMESPACED: dict[tuple[str, str], frozenset[str]] = {
 # Cluster-scoped resources: always a ClusterRole.
 EXPECTED_CLUSTER: dict[tuple[str, str], frozenset[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): frozenset({"list", "watch"}),
-    ("", "namespaces"): frozenset({"list", "watch"}),
 }
+# kopf tracks namespaces only when it serves chosen ones (cluster-wide operators never list them).
+EXPECTED_NAMESPACE_TRACKING = {("", "namespaces"): frozenset({"list", "watch"})}
 # kopf peering, by the operator's mode.
 EXPECTED_CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings"): PEERING}
 EXPECTED_NAMESPACED_PEERING = {("kopf.dev", "kopfpeerings"): PEERING}
@@ -49,6 +50,8 @@ def expected_rbac(*, clusterwide: bool, peering: bool = True) -> tuple[dict, dic
     """(cluster-scoped, namespaced) permissions the operator needs in a mode."""
     cluster = dict(EXPECTED_CLUSTER)
     namespaced = dict(EXPECTED_NAMESPACED)
+    if not clusterwide:
+        cluster.update(EXPECTED_NAMESPACE_TRACKING)
     if peering and clusterwide:
         cluster.update(EXPECTED_CLUSTER_PEERING)
     if peering and not clusterwide:

@@ -1,6 +1,7 @@
 {{/*
 THE ONE PLACE for the operator's RBAC rules. Every verb here matches a call the operator (or kopf on
-its behalf) makes; tests/helm compares the rendered rules with this list.
+its behalf) makes: tests/helm compares the rendered rules with the contract in helm_chart_support.py,
+and tests/operator/test_operator_rbac.py with the calls the real operator makes against an emulator.
 
 The result is a YAML map with two lists of PolicyRules:
   cluster:    rules on cluster-scoped resources (always granted by a ClusterRole)
@@ -19,15 +20,18 @@ cluster:
   - apiGroups: ["apiextensions.k8s.io"]
     resources: ["customresourcedefinitions"]
     verbs: ["list", "watch"]
-  # kopf: namespace tracking.
+{{- if not $clusterwide }}
+  # kopf: namespace tracking, namespace-restricted operators only (cluster-wide ones never list them).
   - apiGroups: [""]
     resources: ["namespaces"]
     verbs: ["list", "watch"]
+{{- end }}
 {{- if and .Values.peering.enabled $clusterwide }}
-  # kopf peering, cluster-wide operators.
+  # kopf peering, cluster-wide operators: the peering object is watched and patched (keep-alives),
+  # never read by name.
   - apiGroups: ["kopf.dev"]
     resources: ["clusterkopfpeerings"]
-    verbs: ["get", "list", "watch", "patch"]
+    verbs: ["list", "watch", "patch"]
 {{- end }}
 namespaced:
   # The custom resource: watched, annotated/finalized by kopf, and its status reported.
@@ -66,6 +70,6 @@ namespaced:
   # kopf peering, namespace-restricted operators.
   - apiGroups: ["kopf.dev"]
     resources: ["kopfpeerings"]
-    verbs: ["get", "list", "watch", "patch"]
+    verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}

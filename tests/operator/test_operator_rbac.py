@@ -1,0 +1,202 @@
+"""RBAC lists only what is used: the operator's real API calls against the chart's rendered rules.
+
+The real operator (kopf + handlers, `embedded_operator`) runs through a StreamReplication's whole
+life against the API emulator, which records every call by caller as an RBAC (verb, group, resource,
+namespaced?). The chart is rendered by the real Helm engine for the same mode, and the operator is
+started the way the chart's Deployment starts it (its arguments parsed by the real CLI parser), with
+the peering object the chart creates. Then:
+
+(a) every call the operator made is granted by the chart (and by `expected_rbac`, the contract
+    tests/helm checks the chart against): nothing is used without permission;
+(b) every verb the chart grants was used in the lifecycle: nothing is granted that is unused
+    (a grant the emulator cannot exercise would be listed in `NOT_EXERCISED`, with why: none is).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kmock
+import pytest
+from replication_operator import naming
+from replication_operator.main import build_parser
+from replication_operator.testing import OPERATOR_TOKEN, ApiCall, ClusterEmulator, embedded_operator, wait_for
+
+from tests.helm.helm_chart_support import expected_rbac, find, one, permissions, rbac_rules, render
+from tests.operator import helpers as h
+from tests.operator.conftest import FAST
+from tests.operator.helpers import Api
+
+NS = "replication"
+NAME = "registrations-region"  # examples/sampling-fleet-health.yaml: every optional feature on
+SECRETS = {"region-eu-nats": "user.creds", "central-nats": "replicator.creds"}
+
+# Chart values for each mode the operator can run in against the emulator.
+MODES: dict[str, dict[str, Any]] = {
+    # The chart's defaults: --all-namespaces, one ClusterRole, ClusterKopfPeering.
+    "cluster-wide": {},
+    # --namespace=replication, a Role there plus a read-only ClusterRole, KopfPeering there.
+    "namespaced": {"rbac": {"namespaced": True}, "operator": {"namespaces": [NS]}},
+    # --all-namespaces --standalone: no peering rights.
+    "standalone": {"peering": {"enabled": False}},
+}
+
+# Grants the lifecycle below cannot exercise against the emulator: (group, resource, verb) -> why.
+# None at present; the emulator's one stand-in worth knowing: a server-side apply that creates an
+# object (PATCH, which a real API server authorizes as patch *and* create) reaches the emulator as a
+# PATCH answered 404 and then a POST (kube.KubeApi.apply), so both verbs are observed all the same.
+NOT_EXERCISED: dict[tuple[str, str, str], str] = {}
+
+Permissions = dict[tuple[str, str], frozenset[str]]
+
+
+def _resource() -> dict[str, Any]:
+    """The example with every optional feature, NATS URLs that refuse at once."""
+    resource = h.example(NAME, NS)
+    for key in ("uid", "generation"):
+        resource["metadata"].pop(key)
+    spec = resource["spec"]
+    spec["source"]["url"] = spec["target"]["url"] = "nats://127.0.0.1:1"
+    assert spec["replicas"] > 1 and spec["fleetHealth"] and spec["monitoring"]["serviceMonitor"]["enabled"]
+    assert spec["source"]["credentialsSecret"]["name"] in SECRETS
+    return resource
+
+
+def _status(api: Api) -> dict[str, Any]:
+    return dict((api.get(naming.STREAM_REPLICATION, NS, NAME) or {}).get("status") or {})
+
+
+def _condition(api: Api, kind: str) -> dict[str, Any]:
+    return next((dict(c) for c in _status(api).get("conditions") or [] if c["type"] == kind), {})
+
+
+OPTIONAL = (
+    (naming.PDB, naming.pdb_name(NAME)),
+    (naming.SERVICE_MONITOR, naming.service_monitor_name(NAME)),
+    (naming.SCHEDULED_SPARK_APPLICATION, naming.fleet_health_name(NAME)),
+)
+ALWAYS = (
+    (naming.DEPLOYMENT, naming.deployment_name(NAME)),
+    (naming.CONFIGMAP, naming.configmap_name(NAME)),
+    (naming.SERVICE, naming.service_name(NAME)),
+)
+
+
+async def _lifecycle(api: Api) -> None:
+    """Every path on which the operator talks to the API, in the order a user would cause them."""
+    # Created before its Secrets: SecretMissing in status and as an event, nothing built.
+    await api.create(_resource())
+    await wait_for(lambda: _condition(api, "Degraded").get("reason") == "SecretMissing")
+    await wait_for(lambda: "SecretMissing" in api.reasons(NS, NAME))
+    assert api.get(naming.DEPLOYMENT, NS, NAME) is None
+
+    # The Secrets appear: the status timer's re-check builds every child, optional ones included.
+    for secret, key in SECRETS.items():
+        await api.create(h.fake_secret(secret, NS, {key: b"creds"}))
+    for kind, name in ALWAYS + OPTIONAL:
+        await wait_for(lambda kind=kind, name=name: api.get(kind, NS, name))
+    await wait_for(lambda: _condition(api, "Degraded").get("status") == "False")
+    await wait_for(lambda: "Recovered" in api.reasons(NS, NAME))
+
+    # A spec change: children updated, pods rolled.
+    await api.patch(naming.STREAM_REPLICATION, NS, NAME, {"spec": {"maxAge": "2h"}})
+    await wait_for(lambda: _status(api).get("observedGeneration") == 2)
+    await wait_for(lambda: any("rolling the pods" in e["message"] for e in api.events(NS, NAME)))
+
+    # Drift: a deleted child comes back.
+    await api.delete(naming.SERVICE, NS, naming.service_name(NAME))
+    await wait_for(lambda: "Restored" in api.reasons(NS, NAME))
+
+    # Optional features off: their children are deleted.
+    await api.patch(
+        naming.STREAM_REPLICATION,
+        NS,
+        NAME,
+        {"spec": {"replicas": 1, "fleetHealth": None, "monitoring": {"serviceMonitor": {"enabled": False}}}},
+    )
+    for kind, name in OPTIONAL:
+        await wait_for(lambda kind=kind, name=name: api.get(kind, NS, name) is None)
+
+    # Deleted: kopf releases its finalizer.
+    await api.delete(naming.STREAM_REPLICATION, NS, NAME)
+    await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, NAME) is None)
+
+
+async def _post(cluster: ClusterEmulator, path: str, obj: dict[str, Any]) -> None:
+    async with cluster.post(path, json=obj) as resp:
+        assert resp.status < 300, (resp.status, await resp.text())
+
+
+def _granted(grants: dict[str, Permissions], call: ApiCall) -> bool:
+    """Whether a ClusterRole grants the call, or (namespaced calls only) the served namespace's Role."""
+    scopes = ["cluster", NS] if call.namespaced else ["cluster"]
+    return any(call.verb in grants.get(scope, {}).get((call.group, call.resource), ()) for scope in scopes)
+
+
+async def _run(mode: str) -> tuple[bool, set[ApiCall], ClusterEmulator]:
+    """(cluster-wide?, the operator's calls, the emulator) after a whole lifecycle, the operator
+    started as the chart's Deployment starts it in a mode."""
+    objects = render(MODES[mode])
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    async with ClusterEmulator() as cluster, kmock.Server(cluster):
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+        await _post(cluster, "/api/v1/namespaces", namespace)
+        # The peering object the chart creates: kopf keeps the operator paused until it sees it.
+        for peering in find(objects, "ClusterKopfPeering") + find(objects, "KopfPeering"):
+            ns = peering["metadata"].get("namespace")
+            plural = f"namespaces/{ns}/kopfpeerings" if ns else "clusterkopfpeerings"
+            await _post(cluster, f"/apis/kopf.dev/v1/{plural}", peering)
+        async with embedded_operator(
+            str(cluster.url),
+            namespaces=args.namespaces,
+            config=FAST,
+            peering=None if args.standalone else args.peering,
+        ):
+            await _lifecycle(Api(cluster))
+        return bool(args.all_namespaces), cluster.calls_of(OPERATOR_TOKEN), cluster
+
+
+def _table(calls: set[ApiCall]) -> str:
+    rows = [f"  {c.verb:<8} {c.group or 'core':<24} {c.resource:<28} {c.namespaced}" for c in sorted(calls)]
+    return "\n".join(rows)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_rbac_grants_exactly_what_the_operator_calls(mode: str) -> None:
+    clusterwide, calls, cluster = await _run(mode)
+    print(f"\n{mode}: the operator's calls (verb, group, resource, namespaced):\n{_table(calls)}")
+    assert set(cluster.api_calls) <= {"", OPERATOR_TOKEN}, "a caller the test does not know"
+    assert calls, "no calls recorded for the operator"
+
+    # The chart's rules (real Helm engine) are the RBAC contract, scope by scope.
+    chart = {scope: permissions(rules) for scope, rules in rbac_rules(MODES[mode]).items()}
+    peering = MODES[mode].get("peering", {}).get("enabled", True)
+    expected_cluster, expected_namespaced = expected_rbac(clusterwide=clusterwide, peering=peering)
+    contract = (
+        {"cluster": expected_cluster, NS: expected_namespaced}  # a Role per served namespace
+        if MODES[mode].get("rbac", {}).get("namespaced")
+        else {"cluster": {**expected_cluster, **expected_namespaced}}
+    )
+    assert chart == contract
+
+    # (a) Nothing is used without permission.
+    ungranted = sorted(c for c in calls if not _granted(chart, c))
+    assert ungranted == [], f"the operator calls these without permission in {mode} mode"
+    # Besides resources, only discovery, which every authenticated user may read (system:discovery).
+    for method, path in cluster.other_calls.get(OPERATOR_TOKEN, set()):
+        assert method == "GET" and re.fullmatch(r"/version|/api(/v1)?|/apis(/[^/]+/[^/]+)?", path), path
+
+    # (b) Nothing is granted that is unused.
+    used = {(c.group, c.resource, c.verb) for c in calls}
+    unused = sorted(
+        (group, resource, verb)
+        for grants in chart.values()
+        for (group, resource), verbs in grants.items()
+        for verb in verbs
+        if (group, resource, verb) not in used and (group, resource, verb) not in NOT_EXERCISED
+    )
+    assert unused == [], f"granted in {mode} mode but never used"
+    stale = sorted(k for k in NOT_EXERCISED if k in used)
+    assert stale == [], "exercised after all: drop these from NOT_EXERCISED"
