@@ -78,19 +78,20 @@ class Decider(Protocol):
     def flush(self) -> None: ...
 
 
-async def wanted(ep: Endpoints, msg: Msg, tokens: list[str]) -> bool:
-    """Copy this delivery? Not when older than `max_age` (counted) or sampled out."""
+def verdict(ep: Endpoints, msg: Msg, tokens: list[str]) -> bool | Pending:
+    """Copy this delivery? Not when older than `max_age` (counted) or sampled out; `Pending` when
+    only `settle` can tell. Synchronous, because at fleet rates most answers need no waiting."""
     max_age = ep.profile.settings.max_age
     if max_age and time.time() - int(tokens[ACK_TIMESTAMP]) / 1e9 > max_age:
         ep.metrics.too_old_msgs.inc()
         return False
     limiter = ep.limiter
-    if limiter is None:
-        return True
-    verdict = limiter.check(msg.subject, msg.headers, msg.data)
-    if isinstance(verdict, Pending):
-        return await limiter.settle(verdict)
-    return verdict
+    return True if limiter is None else limiter.check(msg.subject, msg.headers, msg.data)
+
+
+async def settle(ep: Endpoints, pending: Pending) -> bool:
+    assert ep.limiter is not None
+    return await ep.limiter.settle(pending)
 
 
 @dataclass
@@ -405,7 +406,10 @@ class OrderedCopier:
                 await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return False  # a redelivery of something done or already in the window
         self.lag = tokens[ACK_PENDING]
-        if not await wanted(ep, msg, tokens):
+        copy = verdict(ep, msg, tokens)
+        if isinstance(copy, Pending):
+            copy = await settle(ep, copy)
+        if not copy:
             if window:  # done when the copy ahead of it is
                 tail = window[-1]
                 tail.skipped_seq, tail.skipped_reply = seq, msg.reply
@@ -733,7 +737,10 @@ class ScaledWorker:
         tokens = ack_tokens(msg.reply)
         seq = int(tokens[ACK_STREAM_SEQ])
         self.lag, self.last_seq = tokens[ACK_PENDING], seq
-        if not await wanted(ep, msg, tokens):
+        copy = verdict(ep, msg, tokens)
+        if isinstance(copy, Pending):
+            copy = await settle(ep, copy)
+        if not copy:
             await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return
         headers = self.transform.headers(msg, seq, int(tokens[ACK_TIMESTAMP]))

@@ -139,6 +139,7 @@ class Puller:
         self.wake = wake or asyncio.Event()
         self.buffer: deque[Msg] = deque()
         self._outstanding: dict[str, list[float]] = {}  # request id -> [remaining, deadline]
+        self._arrived = 0  # messages not yet counted against the outstanding requests
         self._ids = itertools.count(1)
         self._inbox = ""
         self._sub: Subscription | None = None
@@ -158,11 +159,28 @@ class Puller:
 
     @property
     def requested(self) -> int:
+        self._count_arrivals()
         return int(sum(r[0] for r in self._outstanding.values()))
+
+    def _count_arrivals(self) -> None:
+        """Charge arrived messages to the open requests, oldest first (the order the server fills them).
+
+        Done when the counts are needed rather than per message: per message it cost more than
+        the rest of receiving one.
+        """
+        arrived, self._arrived = self._arrived, 0
+        while arrived and self._outstanding:
+            rid, req = next(iter(self._outstanding.items()))
+            take = min(arrived, int(req[0]))
+            req[0] -= take
+            arrived -= take
+            if req[0] <= 0:
+                del self._outstanding[rid]
 
     async def request(self, room: int) -> None:
         """Ask for more so that buffered + requested covers `room` (in whole batches)."""
         now = time.monotonic()
+        self._count_arrivals()
         for rid in [rid for rid, r in self._outstanding.items() if r[1] < now]:
             del self._outstanding[rid]  # expired without a status reply (e.g. lost in a reconnect)
         want = room - len(self.buffer) - self.requested
@@ -177,6 +195,7 @@ class Puller:
     def reset(self) -> None:
         """Forget outstanding requests and buffered messages (after the consumer was recreated)."""
         self._outstanding.clear()
+        self._arrived = 0
         self.buffer.clear()
 
     async def restart(self) -> None:
@@ -194,18 +213,14 @@ class Puller:
                 return
             # 404 no messages, 408 expired, 409 consumer deleted/leadership change/max waiting: request over.
             # Status replies come on the request's own reply subject, so they settle exactly that request.
+            self._count_arrivals()  # its own deliveries arrived before its status
             self._outstanding.pop(msg.subject.rsplit(".", 1)[-1], None)
             if status not in (404, 408):
                 self.last_status = (status, headers.get(DESCRIPTION, ""))
             self.wake.set()
             return
-        # Messages carry their original subject, not the request's; the server fills waiting requests
-        # in arrival order, so a message belongs to the oldest open one.
-        for rid, req in self._outstanding.items():
-            req[0] -= 1
-            if req[0] <= 0:
-                del self._outstanding[rid]
-            break
+        # Messages carry their original subject, not the request's: see `_count_arrivals`.
+        self._arrived += 1
         self.buffer.append(msg)
         self.wake.set()
 

@@ -212,8 +212,10 @@ class SenderTable:
             "size": self.size,
             "flags": self.flags,
         }
+        self._extra: list[array[Any]] = []
         for name, code in extra:
             self._columns[name] = array(code)
+            self._extra.append(self._columns[name])
 
     def column(self, name: str) -> array[Any]:
         return self._columns[name]
@@ -256,6 +258,22 @@ class SenderTable:
                     col.append(0)
             self.index[key] = i
         self.set(i, s)
+        return i
+
+    def add(self, key: str, now: float, size: int) -> int:
+        """A new sender first seen and copied `now`: `put` without building a Sender (hot path)."""
+        if key in self.index or self._free:
+            return self.put(key, Sender(first=now, seen=now, copied=now, size=size))
+        i = len(self.first)
+        self.first.append(now)
+        self.seen.append(now)
+        self.copied.append(now)
+        self.adv.append(0.0)
+        self.size.append(max(0, min(size, 0xFFFFFFFF)))
+        self.flags.append(0)
+        for col in self._extra:
+            col.append(0)
+        self.index[key] = i
         return i
 
     def remove(self, key: str) -> bool:
@@ -383,8 +401,9 @@ class MemoryStore:
 
     def insert(self, key: str, now: float, size: int) -> None:
         """A new sender (or a new life of a forgotten one), copied now."""
-        self.table.put(key, Sender(first=now, seen=now, copied=now, size=size))
-        self._notify(key)
+        self.table.add(key, now, size)
+        if self._listeners:
+            self._notify(key)
 
     def copied_now(self, key: str, i: int, now: float, size: int) -> None:
         t = self.table
@@ -624,6 +643,12 @@ class KVStore(MemoryStore):
                 log.warning("KV state %s still loading after %ss: continuing", self.bucket, self.load_timeout)
 
     async def _connect(self) -> None:
+        await self._ensure_bucket()
+        await self._watch(None)
+        self._connected_once = True
+        self.degraded = False
+
+    async def _ensure_bucket(self) -> None:
         info = await asyncio.wait_for(
             ensure_bucket(
                 self.js, self.bucket, ttl=self.bucket_ttl,
@@ -632,9 +657,6 @@ class KVStore(MemoryStore):
             self.op_timeout * 3,
         )
         self._direct = bool(info.config.allow_direct)
-        await self._watch(None)
-        self._connected_once = True
-        self.degraded = False
 
     async def close(self) -> None:
         """Stop; write back decisions the KV has not seen (bounded: shutdown must not hang)."""
@@ -976,8 +998,15 @@ class KVStore(MemoryStore):
                 await self._connect()
             else:
                 self._check_connected()
-                info = await asyncio.wait_for(self.js.stream_info(self.stream), self.op_timeout)
-                if info.state.last_seq < self._last_seq:  # bucket recreated: start over
+                try:
+                    info = await asyncio.wait_for(self.js.stream_info(self.stream), self.op_timeout)
+                    lost = info.state.last_seq < self._last_seq  # deleted and created again meanwhile
+                except nats.js.errors.NotFoundError:
+                    lost = True
+                    log.warning("KV state bucket %s is gone: creating it again", self.bucket)
+                    await self._ensure_bucket()
+                if lost:
+                    self._rewrite_all()
                     self._last_seq = 0
                     await self._watch(None)
                 else:
@@ -990,6 +1019,15 @@ class KVStore(MemoryStore):
             "KV state store %s is back: writing back %d local decisions", self.bucket, len(self._dirty)
         )
         await self._flush(sorted(self._dirty | self._urgent))
+
+    def _rewrite_all(self) -> None:
+        """The bucket lost its history: every cached sender is a decision to write back, against
+        the new bucket's revisions (none yet)."""
+        t = self.table
+        for i in t.index.values():
+            self.rev[i] = 0
+            t.flags[i] |= _DIRTY
+        self._dirty = set(t.index)
 
     async def scrub(self, now: float) -> int:
         removed = await super().scrub(now)

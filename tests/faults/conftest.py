@@ -55,7 +55,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     table = results_table(RESULTS)
     terminalreporter.write_sep("=", "fault scenarios (RESULTS.md)")
     terminalreporter.write_line(table)
-    if config.cache is not None:
-        path = config.cache.mkdir("stream-replicator") / "fault-results.md"
+    cache = getattr(config, "cache", None)  # absent with -p no:cacheprovider
+    if cache is not None:
+        path = cache.mkdir("stream-replicator") / "fault-results.md"
         path.write_text("# Fault scenarios\n\n" + table + "\n")
         terminalreporter.write_line(f"(written to {path})")

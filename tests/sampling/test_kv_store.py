@@ -163,6 +163,38 @@ async def test_kv_outage_fails_open_then_resyncs(source_server: LocalNatsServer,
         await nc.close()
 
 
+async def test_a_deleted_bucket_is_created_again_with_the_state(source_nc: Client, clock: FakeClock) -> None:
+    profile = make_profile(limiter_state="kv", age=60)
+    metrics = worker_metrics()
+    store = await open_store(profile, source_nc.jetstream(), metrics, clock=clock)
+    assert isinstance(store, KVStore)
+    limiter = Limiter(profile.settings, store, metrics, clock=clock)
+    js = source_nc.jetstream()
+    try:
+        for n in range(20):
+            assert await limiter.should_copy("acme.cmdb", None, body(f"n{n}"))
+        await js.delete_stream(store.stream)
+        assert await limiter.should_copy("acme.cmdb", None, body("after"))  # fails open: copied
+        assert not await limiter.should_copy("acme.cmdb", None, body("n3"))  # the cache still samples
+        await eventually(lambda: not store.degraded, within=15)
+
+        async def written_back() -> bool:
+            try:
+                kv = await js.key_value(store.bucket)
+                return len(await kv.keys()) == 21
+            except Exception:
+                return False
+
+        await eventually(written_back, within=10)
+        other = await open_store(profile, js, worker_metrics("other"), clock=clock)  # a restarted pod
+        try:
+            assert sorted(other.keys()) == sorted([f"n{n}" for n in range(20)] + ["after"])
+        finally:
+            await other.close()
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("kind", ["memory", "kv"])
 async def test_expiry_whatever_the_store(kind: str, source_nc: Client, clock: FakeClock) -> None:
     profile = make_profile(limiter_state=kind, age=5)
