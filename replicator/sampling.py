@@ -8,6 +8,7 @@ whose sender cannot be found is copied and counted: sampling must never lose dat
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import zlib
@@ -127,11 +128,36 @@ def _identify(
     return key, forced
 
 
+Identify = Callable[[str, Mapping[str, str] | None, bytes], tuple[str | None, bool]]
+
+
+def identifier(settings: TopicConfig) -> Identify:
+    """`_identify` bound to the topic, specialised for the commonest setting (a top-level JSON
+    field, no update flag): it runs for every message."""
+    field = settings.inspect
+    if not field or "." in field or settings.update_flag:
+        return functools.partial(_identify, settings)
+
+    def top_level(subject: str, headers: Mapping[str, str] | None, payload: bytes) -> tuple[str | None, bool]:
+        try:
+            doc = orjson.loads(payload)
+        except (ValueError, RecursionError):
+            return None, False
+        if type(doc) is not dict:
+            return None, False
+        value = doc.get(field)
+        if type(value) is str:
+            return value or None, False
+        return _scalar_key(value), False
+
+    return top_level
+
+
 def extract_key(
     settings: TopicConfig, subject: str, headers: Mapping[str, str] | None, payload: bytes
 ) -> str | None:
     """The sender identity of one message, or None when it has none (never raises)."""
-    return _identify(settings, subject, headers, payload)[0]
+    return identifier(settings)(subject, headers, payload)[0]
 
 
 @dataclass(slots=True)
@@ -169,6 +195,7 @@ class Limiter:
         self.on_new = on_new
         self.age = float(settings.age)
         self.surely_not_due = self.age * (1 - SPLAY_FRACTION)  # no sender's interval is shorter
+        self.identify = identifier(settings)
         self.size_trigger = settings.size_trigger or 0
         # Counted here and added to the Prometheus counters by `flush` (once per batch in the copy
         # loops): a locked counter increment per message costs more than the skip it counts.
@@ -197,7 +224,7 @@ class Limiter:
         Keyless messages are copied (and counted).
         """
         try:
-            key, forced = _identify(self.settings, subject, headers, payload)
+            key, forced = self.identify(subject, headers, payload)
         except Exception:  # a sampling bug must not stop replication
             log.exception("sampling key extraction failed on %s", subject)
             key, forced = None, False
@@ -213,10 +240,14 @@ class Limiter:
                 return Pending(key, now, size, forced)
             store.insert(key, now, size)
             self.unflushed_passed += 1
-            self._announce(key)
+            if self.on_new is not None:
+                self._announce(key)
             return True
         t = store.table
-        if forced or self.due(key, t.copied[i], t.size[i], now, size):
+        if forced or (
+            (self.size_trigger or now - t.copied[i] >= self.surely_not_due)
+            and self.due(key, t.copied[i], t.size[i], now, size)
+        ):
             if not store.local:
                 return Pending(key, now, size, forced)
             store.copied_now(key, i, now, size)
@@ -239,7 +270,7 @@ class Limiter:
             log.exception("limiter state store failed for %r: copying", key)
             self.metrics.limiter_state_errors.inc()
             return True
-        if result.new:
+        if result.new and self.on_new is not None:
             self._announce(key)
         if result.copy:
             self.unflushed_passed += 1
@@ -248,11 +279,11 @@ class Limiter:
         return result.copy
 
     def _announce(self, key: str) -> None:
-        if self.on_new is not None:
-            try:
-                self.on_new(key)
-            except Exception:
-                log.exception("on_new callback failed for %r", key)
+        assert self.on_new is not None
+        try:
+            self.on_new(key)
+        except Exception:
+            log.exception("on_new callback failed for %r", key)
 
     def flush(self) -> None:
         """Add the decisions counted since the last flush to the metrics."""
