@@ -99,8 +99,11 @@ class TcpProxy:
                 if wait > 0:
                     await asyncio.sleep(wait)
                 if not self.blackhole:
-                    writer.write(chunk)
-                    await writer.drain()
+                    try:
+                        writer.write(chunk)
+                        await writer.drain()
+                    except (ConnectionError, OSError):
+                        return  # the other side is gone: the reading side ends this direction
 
         sender = asyncio.ensure_future(deliver())
         try:
