@@ -351,10 +351,11 @@ class OrderedCopier:
         puller = self.puller
         idle_checks = 0.0
         while not self.stopper.stopping:
-            # Ask for a batch beyond the window, so the fetch round trip to the source overlaps
-            # the publish round trip to the target; but keep the bytes in flight well inside the
-            # client's outbound buffer, or large messages stall on forced flushes.
-            room = self.max_in_flight + puller.batch - len(self.window)
+            # Ask for up to a whole window beyond the window (the consumer's max_ack_pending), so
+            # the fetch round trip to the source overlaps the publish round trip to the target even
+            # on long links; but keep the bytes in flight well inside the client's outbound buffer,
+            # or large messages stall on forced flushes.
+            room = 2 * self.max_in_flight - len(self.window)
             held = (len(self.window) + len(puller.buffer) + puller.requested) * self.avg_size
             if room > 0 and held < MAX_BYTES_IN_FLIGHT:
                 await puller.request(min(room, max(puller.batch, int(MAX_BYTES_IN_FLIGHT / self.avg_size))))
