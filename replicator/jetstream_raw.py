@@ -14,7 +14,6 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -77,19 +76,6 @@ WRONG_LAST_MSG_ID = 10070
 STREAM_FULL_HINTS = ("maximum messages", "maximum bytes", "resource limits", "insufficient resources")
 
 
-@dataclass(slots=True)
-class JsMeta:
-    """What the acknowledgement subject of a delivered JetStream message tells."""
-
-    stream: str
-    consumer: str
-    delivered: int
-    stream_seq: int
-    consumer_seq: int
-    timestamp_ns: int
-    pending: int
-
-
 def ack_tokens(reply: str) -> list[str]:
     """The metadata tokens of a JetStream ack subject, unconverted: index them with the `ACK_*`
     constants and convert only what you use (the copy loops read every delivery's).
@@ -106,12 +92,6 @@ def ack_tokens(reply: str) -> list[str]:
 
 
 ACK_DELIVERED, ACK_STREAM_SEQ, ACK_CONSUMER_SEQ, ACK_TIMESTAMP, ACK_PENDING = 2, 3, 4, 5, 6
-
-
-def parse_ack_subject(reply: str) -> JsMeta:
-    """Both the v1 and v2 forms (see `ack_tokens`), converted."""
-    t = ack_tokens(reply)
-    return JsMeta(t[0], t[1], int(t[2]), int(t[3]), int(t[4]), int(t[5]), int(t[6]))
 
 
 class Puller:

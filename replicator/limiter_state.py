@@ -192,6 +192,11 @@ def decode_sender(data: bytes | None) -> Sender:
 # ---------------------------------------------------------------- compact table
 
 
+def size32(size: int) -> int:
+    """A payload size as the table's unsigned 32-bit column holds it."""
+    return max(0, min(size, 0xFFFFFFFF))
+
+
 class SenderTable:
     """Senders as parallel columns; a dict maps each value to its row. Freed rows are reused."""
 
@@ -241,7 +246,7 @@ class SenderTable:
         self.seen[i] = s.seen
         self.copied[i] = s.copied
         self.adv[i] = s.adv
-        self.size[i] = max(0, min(s.size, 0xFFFFFFFF))
+        self.size[i] = size32(s.size)
         self.flags[i] = (s.flags & 0xFF & ~keep_flags) | (self.flags[i] & keep_flags)
 
     def put(self, key: str, s: Sender) -> int:
@@ -269,7 +274,7 @@ class SenderTable:
         self.seen.append(now)
         self.copied.append(now)
         self.adv.append(0.0)
-        self.size.append(max(0, min(size, 0xFFFFFFFF)))
+        self.size.append(size32(size))
         self.flags.append(0)
         for col in self._extra:
             col.append(0)
@@ -408,7 +413,7 @@ class MemoryStore:
     def copied_now(self, key: str, i: int, now: float, size: int) -> None:
         t = self.table
         t.copied[i] = now
-        t.size[i] = max(0, min(size, 0xFFFFFFFF))
+        t.size[i] = size32(size)
         self.touch(key, i, now)
 
     async def observe(self, key: str, now: float, size: int, decide: Decide) -> Observation:

@@ -139,10 +139,7 @@ def identifier(settings: TopicConfig) -> Identify:
         return functools.partial(_identify, settings)
 
     def top_level(subject: str, headers: Mapping[str, str] | None, payload: bytes) -> tuple[str | None, bool]:
-        try:
-            doc = orjson.loads(payload)
-        except (ValueError, RecursionError):
-            return None, False
+        doc = _parse(payload)
         if type(doc) is not dict:
             return None, False
         value = doc.get(field)
@@ -244,10 +241,7 @@ class Limiter:
                 self._announce(key)
             return True
         t = store.table
-        if forced or (
-            (self.size_trigger or now - t.copied[i] >= self.surely_not_due)
-            and self.due(key, t.copied[i], t.size[i], now, size)
-        ):
+        if forced or self.due(key, t.copied[i], t.size[i], now, size):
             if not store.local:
                 return Pending(key, now, size, forced)
             store.copied_now(key, i, now, size)
