@@ -321,7 +321,6 @@ async def embedded_operator(
     namespaces: list[str] | None = None,
     config: OperatorConfig | None = None,
     peering: str | None = None,
-    settings: kopf.OperatorSettings | None = None,
 ) -> AsyncIterator[Reconciler]:
     """The operator's real handlers in this event loop, logged in to `server` with the bearer token
     `OPERATOR_TOKEN`; stopped on exit.
@@ -329,8 +328,7 @@ async def embedded_operator(
     Cluster-wide unless `namespaces` are given (kopf then lists and watches namespaces: create them
     in the emulator first). Standalone unless `peering` names a peering object (ClusterKopfPeering
     when cluster-wide, KopfPeering in each namespace otherwise), which must exist: kopf keeps the
-    operator paused until it has seen it. `settings` start from kopf's defaults unless given (the
-    operator's startup handler then sets its own on them).
+    operator paused until it has seen it.
     """
     registry = kopf.OperatorRegistry()
     reconciler = Reconciler(config or OperatorConfig())
@@ -344,7 +342,7 @@ async def embedded_operator(
     ready, stop = asyncio.Event(), asyncio.Event()
     tasks = await kopf.spawn_tasks(
         registry=registry,
-        settings=settings or kopf.OperatorSettings(),
+        settings=kopf.OperatorSettings(),
         standalone=peering is None,
         peering_name=peering,
         namespaces=namespaces or [],
