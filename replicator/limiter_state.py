@@ -105,7 +105,7 @@ class StateStore(Protocol):
     def __len__(self) -> int: ...
     def live_slot(self, key: str, now: float) -> int | None: ...
     def touch(self, key: str, i: int, now: float) -> None: ...
-    def insert(self, key: str, now: float, size: int) -> None: ...
+    def insert(self, key: str, now: float, size: int) -> int: ...
     def copied_now(self, key: str, i: int, now: float, size: int) -> None: ...
     def get(self, key: str) -> Sender | None: ...
     def keys(self) -> list[str]: ...
@@ -404,11 +404,12 @@ class MemoryStore:
         if t.adv[i] > 0 and self._listeners:
             self._notify(key)  # timed out before: the advisor owes a `recover`
 
-    def insert(self, key: str, now: float, size: int) -> None:
-        """A new sender (or a new life of a forgotten one), copied now."""
-        self.table.add(key, now, size)
+    def insert(self, key: str, now: float, size: int) -> int:
+        """A new sender (or a new life of a forgotten one), copied now: its row."""
+        i = self.table.add(key, now, size)
         if self._listeners:
             self._notify(key)
+        return i
 
     def copied_now(self, key: str, i: int, now: float, size: int) -> None:
         t = self.table
@@ -849,8 +850,7 @@ class KVStore(MemoryStore):
     def _record_locally(self, key: str, current: Sender | None, now: float, size: int) -> None:
         """A copy decided without the KV: remembered here, written back when it answers."""
         if current is None:
-            i = self.table.put(key, Sender(first=now, seen=now, copied=now, size=size))
-            self._notify(key)
+            i = self.insert(key, now, size)
         else:
             i = self.table.put(key, replace(current, seen=max(current.seen, now), copied=now, size=size))
         self.table.flags[i] |= _DIRTY
