@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import nats
 import pytest
@@ -43,14 +45,27 @@ class Timeline:
                 leading.discard(who)
 
 
-async def candidates(url: str, n: int, ttl: float = TTL) -> tuple[list[Client], list[LeaderElection]]:
+@contextlib.asynccontextmanager
+async def candidates(
+    url: str, n: int, ttl: float = TTL, timeline: Timeline | None = None
+) -> AsyncIterator[tuple[list[Client], list[LeaderElection]]]:
+    """`n` candidates (pod-0...) on their own connections, watched by `timeline`; stopped and closed on exit."""
     ncs = [await nats.connect(url) for _ in range(n)]
     elections = [
         LeaderElection(nc.jetstream(), election_bucket(ttl), "cmdb_acme_cmdb_stream_replicator",
                        f"pod-{i}", ttl, worker_metrics(f"pod-{i}"))
         for i, nc in enumerate(ncs)
     ]
-    return ncs, elections
+    if timeline is not None:
+        for i, e in enumerate(elections):
+            timeline.watch(e, f"pod-{i}")
+    try:
+        yield ncs, elections
+    finally:
+        for e in elections:
+            await e.stop()
+        for nc in ncs:
+            await nc.close()  # a no-op for one a test closed itself
 
 
 def leaders(elections: list[LeaderElection]) -> list[LeaderElection]:
@@ -58,8 +73,7 @@ def leaders(elections: list[LeaderElection]) -> list[LeaderElection]:
 
 
 async def test_one_leader_and_a_released_lock_is_taken_over_at_once(source_server: LocalNatsServer) -> None:
-    ncs, elections = await candidates(source_server.url, 3)
-    try:
+    async with candidates(source_server.url, 3) as (_, elections):
         for e in elections:
             await e.start()
         await eventually(lambda: len(leaders(elections)) == 1, within=5)
@@ -73,19 +87,11 @@ async def test_one_leader_and_a_released_lock_is_taken_over_at_once(source_serve
         assert took < TTL * 0.5 + 0.3  # next campaign (ttl/4), not the TTL
         assert value(leader.metrics.leader) == 0 and not leader.is_leader
         assert time.monotonic() - started < TTL
-    finally:
-        for e in elections:
-            await e.stop()
-        for nc in ncs:
-            await nc.close()
 
 
 async def test_crashed_leader_is_replaced_within_two_ttls(source_server: LocalNatsServer) -> None:
-    ncs, elections = await candidates(source_server.url, 2)
     timeline = Timeline()
-    for i, e in enumerate(elections):
-        timeline.watch(e, f"pod-{i}")
-    try:
+    async with candidates(source_server.url, 2, timeline=timeline) as (_, elections):
         await elections[0].start()
         await elections[0].wait_leader()
         await elections[1].start()
@@ -100,75 +106,58 @@ async def test_crashed_leader_is_replaced_within_two_ttls(source_server: LocalNa
         assert TTL * 2 / 3 - 0.05 <= took <= TTL * 2, took
         await asyncio.sleep(0.05)
         timeline.assert_never_two_leaders()
-    finally:
-        for e in elections:
-            await e.stop()
-        for nc in ncs:
-            await nc.close()
 
 
 async def test_a_cut_off_leader_steps_down_before_takeover(source_server: LocalNatsServer) -> None:
     """The leader's connection dies (a partition): it must give up *before* the key expires."""
-    ncs, elections = await candidates(source_server.url, 2)
     timeline = Timeline()
-    for i, e in enumerate(elections):
-        timeline.watch(e, f"pod-{i}")
     stop = asyncio.Event()
-    sampler = asyncio.ensure_future(timeline.sample(elections, stop))
-    try:
-        await elections[0].start()
-        await elections[0].wait_leader()
-        await elections[1].start()
-        await asyncio.sleep(0.5)
-        cut = time.monotonic()
-        await ncs[0].close()  # renewals fail from now on; its campaign loop keeps running
-        await elections[0].wait_lost()
-        stepped_down = time.monotonic() - cut
-        assert stepped_down <= TTL * 0.75 + 0.1
-        await elections[1].wait_leader()
-        taken_over = time.monotonic() - cut
-        assert stepped_down < taken_over <= TTL * 2
-        await asyncio.sleep(0.05)
-        timeline.assert_never_two_leaders()
-        kinds = [(who, leader) for _, who, leader in sorted(timeline.events)]
-        assert kinds == [("pod-0", True), ("pod-0", False), ("pod-1", True)]
-        stop.set()
-        await sampler
-        assert timeline.samples > 100
-    finally:
-        stop.set()
-        for e in elections:
-            await e.stop()
-        for nc in ncs[1:]:
-            await nc.close()
+    async with candidates(source_server.url, 2, timeline=timeline) as (ncs, elections):
+        sampler = asyncio.ensure_future(timeline.sample(elections, stop))
+        try:
+            await elections[0].start()
+            await elections[0].wait_leader()
+            await elections[1].start()
+            await asyncio.sleep(0.5)
+            cut = time.monotonic()
+            await ncs[0].close()  # renewals fail from now on; its campaign loop keeps running
+            await elections[0].wait_lost()
+            stepped_down = time.monotonic() - cut
+            assert stepped_down <= TTL * 0.75 + 0.1
+            await elections[1].wait_leader()
+            taken_over = time.monotonic() - cut
+            assert stepped_down < taken_over <= TTL * 2
+            await asyncio.sleep(0.05)
+            timeline.assert_never_two_leaders()
+            kinds = [(who, leader) for _, who, leader in sorted(timeline.events)]
+            assert kinds == [("pod-0", True), ("pod-0", False), ("pod-1", True)]
+            stop.set()
+            await sampler
+            assert timeline.samples > 100
+        finally:
+            stop.set()
 
 
 async def test_many_candidates_churning_never_overlap(source_server: LocalNatsServer) -> None:
-    ncs, elections = await candidates(source_server.url, 4)
     timeline = Timeline()
-    for i, e in enumerate(elections):
-        timeline.watch(e, f"pod-{i}")
     stop = asyncio.Event()
-    sampler = asyncio.ensure_future(timeline.sample(elections, stop))
-    try:
-        for e in elections:
-            await e.start()
-        for _ in range(3):  # the current leader leaves cleanly, then comes back as a candidate
-            await eventually(lambda: len(leaders(elections)) == 1, within=TTL * 2)
-            (leader,) = leaders(elections)
-            assert sum(e.is_leader for e in elections) == 1
-            await leader.stop()
-            await leader.start()
-        await asyncio.sleep(0.05)
-        timeline.assert_never_two_leaders()
-        stop.set()
-        await sampler
-    finally:
-        stop.set()
-        for e in elections:
-            await e.stop()
-        for nc in ncs:
-            await nc.close()
+    async with candidates(source_server.url, 4, timeline=timeline) as (_, elections):
+        sampler = asyncio.ensure_future(timeline.sample(elections, stop))
+        try:
+            for e in elections:
+                await e.start()
+            for _ in range(3):  # the current leader leaves cleanly, then comes back as a candidate
+                await eventually(lambda: len(leaders(elections)) == 1, within=TTL * 2)
+                (leader,) = leaders(elections)
+                assert sum(e.is_leader for e in elections) == 1
+                await leader.stop()
+                await leader.start()
+            await asyncio.sleep(0.05)
+            timeline.assert_never_two_leaders()
+            stop.set()
+            await sampler
+        finally:
+            stop.set()
 
 
 async def test_bucket_and_key_naming(source_nc: Client) -> None:
