@@ -34,19 +34,28 @@ def config(source_url: str, target_url: str, **topic: Any) -> dict[str, Any]:
                                  "target_url": target_url, **topic}}}
 
 
-async def _copy_and_compare(tmp_path: Path, settings: dict[str, Any], source_nc: Any, target_nc: Any) -> None:
-    await make_stream(source_nc)
-    await publish_many(source_nc, 300)
-    path = write_config(tmp_path / "sr.yaml", settings)
-    proc = spawn(path, log_path=tmp_path / "worker.log")
+async def _copy_and_compare(tmp_path: Path, settings: dict[str, Any], source: dict[str, Any],
+                            target: dict[str, Any]) -> None:
+    """Copy 300 messages with `settings`; `source`/`target` are `nats.connect` arguments for the
+    test's own clients on each side."""
+    source_nc = await nats.connect(**source)
+    target_nc = await nats.connect(**target)
     try:
-        took = await wait_count(target_nc, "FLEET", 300, 30)
-        assert took is not None, (tmp_path / "worker.log").read_text()[-3000:]
+        await make_stream(source_nc)
+        await publish_many(source_nc, 300)
+        path = write_config(tmp_path / "sr.yaml", settings)
+        proc = spawn(path, log_path=tmp_path / "worker.log")
+        try:
+            took = await wait_count(target_nc, "FLEET", 300, 30)
+            assert took is not None, (tmp_path / "worker.log").read_text()[-3000:]
+        finally:
+            assert stop(proc) == 0
+        outcome = compare("auth", await read_stream(source_nc, "FLEET"), await read_stream(target_nc, "FLEET"),
+                          recover_s=None)
+        assert outcome.lost == outcome.duplicated == outcome.mismatched == 0, outcome
     finally:
-        assert stop(proc) == 0
-    outcome = compare("auth", await read_stream(source_nc, "FLEET"), await read_stream(target_nc, "FLEET"),
-                      recover_s=None)
-    assert outcome.lost == outcome.duplicated == outcome.mismatched == 0, outcome
+        await source_nc.close()
+        await target_nc.close()
 
 
 @pytest.mark.timeout(60)
@@ -55,13 +64,7 @@ async def test_user_password_and_token_in_the_urls(tmp_path: Path, nats_server: 
     target = nats_server("target", token_block())
     source_url = with_userinfo(source, f"{USER}:{PASSWORD}")
     target_url = with_userinfo(target, TOKEN)
-    source_nc = await nats.connect(source_url)
-    target_nc = await nats.connect(target_url)
-    try:
-        await _copy_and_compare(tmp_path, config(source_url, target_url), source_nc, target_nc)
-    finally:
-        await source_nc.close()
-        await target_nc.close()
+    await _copy_and_compare(tmp_path, config(source_url, target_url), {"servers": source_url}, {"servers": target_url})
 
 
 @pytest.mark.timeout(60)
@@ -73,13 +76,9 @@ async def test_password_with_url_special_characters(tmp_path: Path, nats_server:
     target = nats_server("target", token_block("t/k@n#1"))
     source_url = with_userinfo(source, f"{USER}:{quote(password, safe='')}")
     target_url = with_userinfo(target, quote("t/k@n#1", safe=""))
-    source_nc = await nats.connect(source.url, user=USER, password=password)
-    target_nc = await nats.connect(target.url, token="t/k@n#1")
-    try:
-        await _copy_and_compare(tmp_path, config(source_url, target_url), source_nc, target_nc)
-    finally:
-        await source_nc.close()
-        await target_nc.close()
+    await _copy_and_compare(tmp_path, config(source_url, target_url),
+                            {"servers": source.url, "user": USER, "password": password},
+                            {"servers": target.url, "token": "t/k@n#1"})
 
 
 @pytest.mark.timeout(60)
@@ -90,15 +89,10 @@ async def test_creds_files_in_operator_mode(tmp_path: Path, nats_server: ServerF
     target = nats_server("target", target_auth.server_config())
     source_creds = source_auth.write_creds(tmp_path / "source.creds")
     target_creds = target_auth.write_creds(tmp_path / "target.creds")
-    source_nc = await nats.connect(source.url, user_credentials=str(source_creds))
-    target_nc = await nats.connect(target.url, user_credentials=str(target_creds))
     settings = config(source.url, target.url, source_credentials=str(source_creds),
                       target_credentials=str(target_creds))
-    try:
-        await _copy_and_compare(tmp_path, settings, source_nc, target_nc)
-    finally:
-        await source_nc.close()
-        await target_nc.close()
+    await _copy_and_compare(tmp_path, settings, {"servers": source.url, "user_credentials": str(source_creds)},
+                            {"servers": target.url, "user_credentials": str(target_creds)})
 
 
 def _wrong_password(factory: ServerFactory, tmp: Path) -> tuple[dict[str, Any], str, str]:
