@@ -73,27 +73,20 @@ async def test_kill_9_ten_times_in_a_row(rig: Rig) -> None:
                      notes="recover: from the last restart")
 
 
-@pytest.mark.timeout(120)
-async def test_target_server_down_for_10s(rig: Rig) -> None:
-    await warm_up(rig)
-    await rig.stop_server(rig.target)
-    await asyncio.sleep(OUTAGE)
-    began = time.monotonic()
-    await rig.start_server(rig.target)
-    recover = await rig.time_to_catch_up(began)
-    await rig.finish("target server stopped 10 s", recover_s=recover, notes="recover: from the restart")
+SERVER_DOWN_NOTES = {"target": "recover: from the restart", "source": "publishing retried during the outage"}
 
 
 @pytest.mark.timeout(120)
-async def test_source_server_down_for_10s(rig: Rig) -> None:
+@pytest.mark.parametrize("side", ["target", "source"])
+async def test_server_down_for_10s(rig: Rig, side: str) -> None:
+    server = rig.target if side == "target" else rig.source
     await warm_up(rig)
-    await rig.stop_server(rig.source)
+    await rig.stop_server(server)
     await asyncio.sleep(OUTAGE)
     began = time.monotonic()
-    await rig.start_server(rig.source)
+    await rig.start_server(server)
     recover = await rig.time_to_catch_up(began)
-    await rig.finish("source server stopped 10 s", recover_s=recover,
-                     notes="publishing retried during the outage")
+    await rig.finish(f"{side} server stopped 10 s", recover_s=recover, notes=SERVER_DOWN_NOTES[side])
 
 
 @pytest.mark.timeout(120)
