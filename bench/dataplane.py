@@ -16,7 +16,7 @@ from pathlib import Path
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
 from bench.common import connect, preload, replicator_process, table, time_fill
-from replicator.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer
 from tests.support.tcp_proxy import TcpProxy
 
 

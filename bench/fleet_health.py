@@ -27,7 +27,7 @@ import nats
 from nats.js.api import StreamConfig
 
 from bench.common import table
-from replicator.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer
 
 STREAM = "ADVISORIES"
 SUBJECT = "sr.advisory.fleet"

@@ -15,9 +15,11 @@ import time
 import tracemalloc
 
 from replicator.config import AdvisoryConfig, TopicConfig
-from replicator.limiter_state import KVStore, MemoryStore, Sender
-from replicator.metrics import Metrics
-from replicator.sampling import Limiter
+from replicator.observe.metrics import Metrics
+from replicator.sampling.limiter import Limiter
+from replicator.sampling.state.kv import KVStore
+from replicator.sampling.state.memory import MemoryStore
+from replicator.sampling.state.records import Sender
 
 BUDGET = 300
 

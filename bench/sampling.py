@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from bench.common import connect, replicator_process, table, time_progress
-from replicator.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer
 
 
 async def preload_senders(nc: Client, senders: int, repeats: int) -> int:

@@ -18,7 +18,7 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 
-# Reasons (CamelCase) and what they mean; the README (Kubernetes operator, Status) lists them for users.
+# Reasons (CamelCase) and what they mean; docs/operator.md (Status) lists them for users.
 SECRET_MISSING = "SecretMissing"  # a referenced Secret does not exist
 SECRET_KEY_MISSING = "SecretKeyMissing"  # the Secret exists, a referenced key does not
 INVALID_SPEC = "InvalidSpec"  # the spec cannot become a valid worker config

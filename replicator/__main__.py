@@ -1,5 +1,5 @@
 import sys
 
-from replicator.cli import main
+from replicator.cli.main import main
 
 sys.exit(main())

@@ -8,7 +8,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from replicator.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer
 
 
 @pytest.fixture

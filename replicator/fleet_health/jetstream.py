@@ -20,7 +20,7 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from replicator.jetstream_raw import direct_subscribe
+from replicator.transport.jetstream import direct_subscribe
 
 # Pull-request statuses that end a `no_wait` request early: nothing more is stored after our position.
 _END_OF_DATA = frozenset({"404", "408"})

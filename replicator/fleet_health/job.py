@@ -93,7 +93,7 @@ def run_fleet_health(
     subject: str | None = None,
     spark: SparkSession | None = None,
 ) -> FleetHealthResult:
-    """Process the advisories appended since the last run; see the README (Fleet health).
+    """Process the advisories appended since the last run; see docs/fleet-health.md.
 
     `spark` (or an already active session) is used and left running; otherwise one is built for
     `master` (None: whatever spark-submit set) and stopped at the end. `now` (unix s) is the run's

@@ -41,7 +41,7 @@ SCHEMA = StructType(
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """Reader options (all strings in Spark): see the README (Fleet health)."""
+    """Reader options (all strings in Spark): see docs/fleet-health.md."""
 
     url: str
     stream: str

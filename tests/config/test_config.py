@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from replicator.config import ConfigError, Profile, load_config, parse_config
-from replicator.durations import format_duration, parse_duration
+from replicator.config.durations import format_duration, parse_duration
 
 LEGACY = sorted((Path(__file__).parent.parent / "data" / "legacy").glob("*.yaml"))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from replicator.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer
 from tests.faults.rig import Rig
 from tests.support.faults import Outcome
 

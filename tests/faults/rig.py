@@ -17,8 +17,8 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
-from replicator.local_nats import LocalNatsServer, free_port
-from tests.dataplane.helpers import make_stream, spawn, stop, topic_config, write_config
+from replicator.demo.local_nats import LocalNatsServer, free_port
+from tests.copier.helpers import make_stream, spawn, stop, topic_config, write_config
 from tests.support.faults import (
     ContinuousPublisher,
     Outcome,

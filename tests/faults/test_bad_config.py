@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replicator.cli import main
+from replicator.cli.main import main
 from replicator.config import AdvisoryConfig, Config, ConfigError, TLSConfig, TopicConfig, parse_config
 
 BASE = {"topic": "acme.cmdb", "source_url": "nats://127.0.0.1:4222", "target_url": "nats://127.0.0.1:4223"}

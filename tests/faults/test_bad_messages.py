@@ -22,10 +22,10 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client import generate_latest
 
-from replicator.jetstream_raw import Publisher, PublishError
-from replicator.local_nats import LocalNatsServer
-from replicator.runner import Replicator
-from tests.dataplane.helpers import InProcess, make_stream, profile_for, publish_many, topic_config
+from replicator.demo.local_nats import LocalNatsServer
+from replicator.service.runner import Replicator
+from replicator.transport.jetstream import Publisher, PublishError
+from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config
 from tests.support.faults import compare, metric, read_stream, wait_count
 
 TARGET_MAX_PAYLOAD = 64 * 1024
@@ -237,7 +237,7 @@ async def test_publish_conditions_are_not_reapplied_on_the_target(
 @pytest.mark.timeout(60)
 @pytest.mark.xfail(strict=False, reason="nats-py parses headers into a dict[str, str]: a repeated header "
                    "name keeps only its last value and values lose surrounding whitespace, so the copy "
-                   "differs. A client-library limitation, documented in the README (Reliability and security)")
+                   "differs. A client-library limitation, documented in docs/reliability.md")
 async def test_repeated_header_names_and_padded_values_survive(
     source_server: LocalNatsServer, source_nc: Client, small_target: LocalNatsServer, small_target_nc: Client
 ) -> None:

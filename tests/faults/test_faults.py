@@ -24,9 +24,9 @@ from nats.js.api import DiscardPolicy, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from replicator.limiter_state import decode_key, limiter_bucket
-from replicator.local_nats import LocalNatsServer, free_port
-from tests.dataplane.helpers import profile_for, stop
+from replicator.demo.local_nats import LocalNatsServer, free_port
+from replicator.sampling.state.records import decode_key, limiter_bucket
+from tests.copier.helpers import profile_for, stop
 from tests.faults.rig import STREAM, Rig
 from tests.support.faults import (
     Outcome,

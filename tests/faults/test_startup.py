@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from replicator.local_nats import LocalNatsServer, free_port
-from tests.dataplane.helpers import make_stream, publish_many, spawn, stop, topic_config, write_config
+from replicator.demo.local_nats import LocalNatsServer, free_port
+from tests.copier.helpers import make_stream, publish_many, spawn, stop, topic_config, write_config
 from tests.support.faults import wait_count, wait_log
 
 

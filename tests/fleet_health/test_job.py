@@ -16,13 +16,13 @@ import nats
 import pytest
 from pyspark.sql import SparkSession
 
+from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.advisories import EVENT_SCHEMA
 from replicator.fleet_health.cli import add_arguments, run_from_args
 from replicator.fleet_health.job import FleetHealthResult, run_fleet_health
 from replicator.fleet_health.report import format_tables
 from replicator.fleet_health.summary import read_summary
 from replicator.fleet_health.transforms import NODE_COLUMNS
-from replicator.local_nats import LocalNatsServer
 from tests.fleet_health.helpers import (
     BAD,
     DUPLICATES,

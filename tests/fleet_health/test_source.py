@@ -11,9 +11,9 @@ import pytest
 from nats.aio.client import Client
 from pyspark.sql import SparkSession
 
+from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.jetstream import RangeReader, read_all, split_range
 from replicator.fleet_health.source import ReadOptions
-from replicator.local_nats import LocalNatsServer
 
 pytestmark = pytest.mark.spark
 

@@ -15,7 +15,7 @@ from helm_chart_support import CHART_DIR, REPO
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from replicator.metrics import METRIC_NAMES, Metrics
+from replicator.observe.metrics import METRIC_NAMES, Metrics
 
 DASHBOARD = REPO / "dashboards" / "stream-replicator.json"
 CHART_DASHBOARD = CHART_DIR / "dashboards" / "stream-replicator.json"

@@ -27,7 +27,7 @@ from replication_operator import naming, nats_status
 from replication_operator.reconciler import Reconciler
 from replication_operator.testing import wait_for
 
-from replicator.local_nats import LocalNatsServer, free_port
+from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.support import certs, nats_jwt

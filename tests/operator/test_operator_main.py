@@ -18,7 +18,7 @@ from replication_operator import main as cli
 from replication_operator import naming
 from replication_operator.testing import ClusterEmulator, wait_for
 
-from replicator.local_nats import free_port
+from replicator.demo.local_nats import free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 

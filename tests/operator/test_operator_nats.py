@@ -16,7 +16,7 @@ from replication_operator.reconciler import Reconciler
 from replication_operator.spec import parse_spec
 from replication_operator.testing import wait_for
 
-from replicator.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.support import certs, nats_jwt

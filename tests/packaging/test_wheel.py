@@ -141,7 +141,7 @@ def test_wheel_metadata(wheel: Path) -> None:
         text = zf.read(entry_points).decode()
         (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         meta = zf.read(metadata).decode()
-    assert "stream-replicator = replicator.cli:main" in text
+    assert "stream-replicator = replicator.cli.main:main" in text
     assert "stream-replicator-operator = replication_operator.main:main" in text
     assert "Provides-Extra: spark" in meta
     for dependency in PYPROJECT["project"]["dependencies"]:

@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from replicator.advisories import schema
 from replicator.config import Profile, parse_config
-from replicator.metrics import Metrics, WorkerMetrics
+from replicator.observe.metrics import Metrics, WorkerMetrics
+from replicator.sampling.advisories import schema
 
 
 class FakeClock:

@@ -10,9 +10,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import DiscardPolicy, StreamConfig
 
-from replicator.advisories import Advisor, build_advisory, event_id
-from replicator.limiter_state import MemoryStore, Sender
-from replicator.sampling import Limiter
+from replicator.sampling.advisories import Advisor, build_advisory, event_id
+from replicator.sampling.limiter import Limiter
+from replicator.sampling.state.memory import MemoryStore
+from replicator.sampling.state.records import Sender
 from tests.sampling.helpers import (
     FakeClock,
     body,

@@ -11,8 +11,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from replicator.election import ElectionError, LeaderElection, election_bucket, election_key
-from replicator.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer
+from replicator.sampling.election import ElectionError, LeaderElection, election_bucket, election_key
 from tests.sampling.helpers import eventually, make_profile, value, worker_metrics
 
 TTL = 2.0

@@ -15,12 +15,13 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from replicator.advisories import Advisor
 from replicator.config import Profile
-from replicator.election import LeaderElection, election_bucket, election_key
-from replicator.limiter_state import StateStore, open_store
-from replicator.local_nats import LocalNatsServer
-from replicator.sampling import Limiter, splay
+from replicator.demo.local_nats import LocalNatsServer
+from replicator.sampling.advisories import Advisor
+from replicator.sampling.election import LeaderElection, election_bucket, election_key
+from replicator.sampling.limiter import Limiter, splay
+from replicator.sampling.state import open_store
+from replicator.sampling.state.protocol import StateStore
 from tests.sampling.helpers import body, eventually, make_profile, validate_advisory, value, worker_metrics
 
 AGE, ADVISORY_AGE, TTL = 4.0, 1.5, 2.0

@@ -6,8 +6,9 @@ import asyncio
 import json
 from pathlib import Path
 
-from replicator.limiter_state import FILE_FORMAT, FileStore, open_store
-from replicator.sampling import Limiter
+from replicator.sampling.limiter import Limiter
+from replicator.sampling.state import open_store
+from replicator.sampling.state.file import FILE_FORMAT, FileStore
 from tests.sampling.helpers import FakeClock, body, eventually, make_profile, value, worker_metrics
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from replicator.sampling import extract_key, is_true, key_spec, splay
+from replicator.sampling.keys import extract_key, is_true, key_spec
+from replicator.sampling.limiter import splay
 from tests.sampling.helpers import make_profile
 
 

@@ -10,9 +10,11 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from replicator.limiter_state import KVStore, limiter_bucket, open_store
-from replicator.local_nats import LocalNatsServer
-from replicator.sampling import Limiter
+from replicator.demo.local_nats import LocalNatsServer
+from replicator.sampling.limiter import Limiter
+from replicator.sampling.state import open_store
+from replicator.sampling.state.kv import KVStore
+from replicator.sampling.state.records import limiter_bucket
 from tests.sampling.helpers import FakeClock, body, eventually, make_profile, value, worker_metrics
 
 

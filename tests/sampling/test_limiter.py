@@ -8,8 +8,8 @@ import json
 import random
 from collections import defaultdict
 
-from replicator.limiter_state import MemoryStore
-from replicator.sampling import Limiter, splay
+from replicator.sampling.limiter import Limiter, splay
+from replicator.sampling.state.memory import MemoryStore
 from tests.sampling.helpers import FakeClock, body, make_profile, value, worker_metrics
 
 

@@ -18,7 +18,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from replicator.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer
 from tests.support.certs import CertificateAuthority, TlsFiles, server_tls_block, write_client, write_server
 
 PASSWORD = "pw-Zq8tV2mK4pL9x"  # distinctive: a hit in any output is certainly a leak

@@ -10,8 +10,8 @@ from urllib.parse import quote
 import nats
 import pytest
 
-from replicator.local_nats import LocalNatsServer
-from tests.dataplane.helpers import make_stream, publish_many, spawn, stop, write_config
+from replicator.demo.local_nats import LocalNatsServer
+from tests.copier.helpers import make_stream, publish_many, spawn, stop, write_config
 from tests.security.conftest import PASSWORD, TOKEN, USER, ServerFactory, assert_clean_failure, run_cli
 from tests.support.faults import compare, read_stream, wait_count
 from tests.support.nats_jwt import Decentralised

@@ -19,8 +19,8 @@ import nats
 import pytest
 
 from replicator.config import ConfigError, parse_config
-from replicator.local_nats import LocalNatsServer, free_port
-from tests.dataplane.helpers import make_stream, publish_many, spawn, stop, write_config
+from replicator.demo.local_nats import LocalNatsServer, free_port
+from tests.copier.helpers import make_stream, publish_many, spawn, stop, write_config
 from tests.security.conftest import PASSWORD, TOKEN, USER, Pki, ServerFactory, client_context, run_cli
 from tests.support.certs import server_tls_block
 from tests.support.faults import wait_count

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from replicator.local_nats import LocalNatsServer
-from tests.dataplane.helpers import (
+from replicator.demo.local_nats import LocalNatsServer
+from tests.copier.helpers import (
     InProcess,
     make_stream,
     profile_for,
@@ -203,7 +203,7 @@ async def test_plaintext_server_never_sees_credentials_when_tls_is_configured(
     target = tls_server(nats_server, "target", pki.server("target"))
     settings = config(target, target, tls=manual(pki.client("sr")))
     settings["topics"]["fleet"]["source_url"] = f"nats://u:pw-on-the-wire@127.0.0.1:{port}"
-    from replicator.connections import ConnectError, connect
+    from replicator.transport.connections import ConnectError, connect
 
     with pytest.raises(ConnectError, match="does not offer TLS"):
         await asyncio.wait_for(connect(profile_for(settings), "source", "sr_0"), 10)

@@ -23,7 +23,7 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from replicator.streams import MSG_ID, PROVENANCE, parse_provenance
+from replicator.copier.provenance import MSG_ID, PROVENANCE, parse_provenance
 
 
 @dataclass

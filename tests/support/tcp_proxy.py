@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from replicator.local_nats import free_port
+from replicator.demo.local_nats import free_port
 
 
 @dataclass

@@ -1,0 +1,73 @@
+"""`stream-replicator`: the entry point; each command lives in its own module.
+
+The legacy form `stream-replicator --config sr.yaml --topic cmdb` still works: with no subcommand,
+`run` is implied. Config errors exit with status 2 and a message naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from replicator.cli import advisories, report, run, state
+from replicator.cli.common import EXIT_CONFIG
+from replicator.config.errors import ConfigError
+from replicator.demo import embedded as demo
+from replicator.fleet_health import cli as fleet_health
+from replicator.transport.connections import ConnectError
+
+SUBCOMMANDS = ("run", "demo", "report", "advisories", "state", "fleet-health")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stream-replicator",
+        description="Replicate NATS JetStream streams, with sampling, advisories and fleet health.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run.add_arguments(sub.add_parser("run", help="replicate one topic profile until SIGTERM/SIGINT"))
+    report.add_arguments(sub.add_parser("report", help="replication report per topic: streams, consumer, lag, "
+                                                       "last active"))
+    advisories.add_arguments(sub.add_parser("advisories", help="show (or --follow) a topic's advisories"))
+    state.add_arguments(sub.add_parser("state", help="the senders the limiter tracks (file or KV state)"))
+    fleet_health.add_arguments(sub.add_parser("fleet-health", help="run the fleet-health Spark job locally"))
+    demo.add_arguments(sub.add_parser("demo", help="the embedded default: local servers, a fleet, replication, "
+                                                   "advisories and fleet health"))
+    return parser
+
+
+def _normalise(argv: list[str]) -> list[str]:
+    """No subcommand means `run` (the legacy command line)."""
+    if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
+        return ["run", *argv]
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = _normalise(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_CONFIG
+    handlers = {"run": run.run, "report": report.run, "advisories": advisories.run, "state": state.run}
+    try:
+        if args.command == "demo":
+            return demo.run_from_args(args)
+        if args.command == "fleet-health":
+            return fleet_health.run_from_args(args)
+        return asyncio.run(handlers[args.command](args))
+    except ConfigError as err:
+        print(f"stream-replicator: config error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ConnectError as err:  # TLS, credentials or an unusable URL: retrying cannot help
+        print(f"stream-replicator: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`stream-replicator report`: one row per topic, like `nats stream report`'s replication report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+from dataclasses import dataclass
+
+import nats
+
+from replicator.config.files import load_config
+from replicator.config.model import Config, Profile
+from replicator.transport.connections import connect_options
+from replicator.transport.streams import find_source_stream
+
+
+@dataclass
+class ReportRow:
+    topic: str
+    source_stream: str = "-"
+    target_stream: str = "-"
+    consumer: str = "-"
+    lag: int | None = None
+    last_active: dt.datetime | None = None
+    error: str = ""
+
+
+async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
+    row = ReportRow(profile.profile, consumer=profile.consumer_name)
+    settings = profile.settings
+    try:
+        opts = connect_options(profile, "source", f"{profile.base_name}_report")
+        opts.update(allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout)
+        nc = await nats.connect(**opts)
+    except Exception as err:
+        row.error = f"source unreachable: {err or type(err).__name__}"
+        return row
+    try:
+        js = nc.jetstream(timeout=timeout)
+        row.source_stream = await find_source_stream(js, settings)
+        row.target_stream = settings.target_stream or row.source_stream
+        info = await js.consumer_info(row.source_stream, profile.consumer_name)
+        row.lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
+        row.last_active = info.delivered.last_active if info.delivered else None
+    except Exception as err:
+        row.error = str(err) or type(err).__name__
+        if "consumer not found" in row.error.lower():
+            row.error = "consumer not found: the replicator has not started yet"
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
+    return row
+
+
+def _ago(when: dt.datetime | None, now: dt.datetime) -> str:
+    if when is None:
+        return "never"
+    seconds = max(0, int((now - when).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s ago"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m ago"
+
+
+def format_report(rows: list[ReportRow], now: dt.datetime | None = None) -> str:
+    now = now or dt.datetime.now(dt.UTC)
+    header = ("Topic", "Source Stream", "Target Stream", "Consumer", "Lag", "Last Active", "Error")
+    body = [
+        (r.topic, r.source_stream, r.target_stream, r.consumer, "-" if r.lag is None else f"{r.lag:,}",
+         _ago(r.last_active, now) if r.error == "" else "-", r.error)
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    out = [line, "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |", line]
+    out += ["| " + " | ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) + " |" for b in body]
+    out.append(line)
+    return "\n".join(out)
+
+
+async def build_report(config: Config, source: str, topics: list[str] | None = None) -> list[ReportRow]:
+    names = topics or sorted(config.topics)
+    return list(await asyncio.gather(*(report_row(Profile(config, n, source=source)) for n in names)))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True)
+    p.add_argument("--topic", action="append", help="only these profiles (repeatable)")
+
+
+async def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    rows = await build_report(config, args.config, args.topic)
+    print(format_report(rows))
+    return 1 if any(r.error for r in rows) else 0

@@ -1,0 +1,318 @@
+"""The YAML config file: seed-compatible with the legacy tool, validated with errors that name key and file.
+
+A config holds global settings and `topics`, a map of profile name to topic settings; one process
+runs one profile (`--topic`). Everything is validated up front so a bad file fails at start with
+exit status 2, never half-way through copying.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from replicator.config.durations import parse_duration
+from replicator.config.errors import ConfigError
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _no_wildcards(value: str, what: str) -> str:
+    if any(ch in value for ch in " \t*>"):
+        raise ValueError(f"{what} {value!r} must not contain spaces or wildcards")
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TLSConfig(Strict):
+    """`manual` names the files; `puppet` finds them under `ssl_dir` by `identity`."""
+
+    identity: str | None = None
+    scheme: Literal["puppet", "manual"] = "manual"
+    ssl_dir: str | None = None
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    insecure: bool = False
+
+    @model_validator(mode="after")
+    def _complete(self) -> TLSConfig:
+        if self.scheme == "puppet" and not self.ssl_dir:
+            raise ValueError("scheme 'puppet' needs ssl_dir")
+        if self.scheme == "manual" and bool(self.cert) != bool(self.key):
+            raise ValueError("cert and key go together")
+        return self
+
+    def files(self) -> tuple[str | None, str | None, str | None]:
+        """(ca, cert, key) paths for this layout."""
+        if self.scheme == "puppet":
+            assert self.ssl_dir is not None
+            identity = self.identity or socket.getfqdn()
+            base = Path(self.ssl_dir)
+            return (
+                str(base / "certs" / "ca.pem"),
+                str(base / "certs" / f"{identity}.pem"),
+                str(base / "private_keys" / f"{identity}.pem"),
+            )
+        return self.ca, self.cert, self.key
+
+
+class AdvisoryConfig(Strict):
+    target: str
+    cluster: Literal["target", "source"] = "target"
+    age: Duration | None = None
+
+    @field_validator("target")
+    @classmethod
+    def _subject(cls, value: str) -> str:
+        if not value or any(ch in value for ch in " \t*>"):
+            raise ValueError(f"advisory subject {value!r} must be a literal subject")
+        return value
+
+
+class TopicConfig(Strict):
+    """One replication profile."""
+
+    topic: str
+    source_url: str
+    target_url: str
+    source_stream: str | None = None
+    target_stream: str | None = None
+    target_subject_prefix: str | None = None
+    target_subject_remove: str | None = None
+    target_create: bool = True
+    source_cluster_id: str | None = None
+    target_cluster_id: str | None = None
+    workers: int = Field(default=1, ge=1, le=1024)
+    queued: bool = False
+    queue_group: str | None = None
+    name: str | None = None
+    start_sequence: int | None = Field(default=None, ge=1)
+    start_time: dt.datetime | None = None
+    start_delta: Duration | None = None
+    start_at_end: bool = False
+    max_age: Duration | None = None
+    inspect: str | None = None
+    inspect_header: str | None = None
+    inspect_subject_token: int | None = Field(default=None, ge=1)
+    age: Duration | None = None
+    update_flag: str | None = None
+    size_trigger: int | None = Field(default=None, ge=1)
+    limiter_state: Literal["memory", "file", "kv"] = "memory"
+    advisory: AdvisoryConfig | None = None
+    leader_election: bool = False
+    leader_election_ttl: Duration = 10.0
+    monitor: int | None = Field(default=None, ge=0, le=65535)
+    source_credentials: str | None = None
+    target_credentials: str | None = None
+    tls: TLSConfig | None = None
+    source_tls: TLSConfig | None = None
+    target_tls: TLSConfig | None = None
+    disable_source_tls: bool = False
+    disable_target_tls: bool = False
+    batch: int = Field(default=500, ge=1, le=10000)
+    max_in_flight: int = Field(default=2000, ge=1, le=100000)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, value: str) -> str:
+        if not value or " " in value or ".." in value or value.startswith(".") or value.endswith("."):
+            raise ValueError(f"invalid subject {value!r}")
+        return value
+
+    @field_validator("source_url", "target_url")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        urls = [u.strip() for u in value.split(",") if u.strip()]
+        if not urls:
+            raise ValueError("at least one NATS URL is required")
+        for url in urls:
+            try:
+                parts = urlsplit(url)
+                port = parts.port  # raises ValueError when it is not a number
+            except ValueError:
+                parts, port = None, None
+            if (parts is None or parts.scheme not in {"nats", "tls", "ws", "wss"} or not parts.hostname
+                    or (port is None and ":" in parts.netloc.rsplit("@", 1)[-1]) or " " in url):
+                raise ValueError(f"invalid NATS URL {redact_url(url)!r} (want nats://host:port)")
+        return ",".join(urls)
+
+    @field_validator("source_stream", "target_stream", "queue_group", "name")
+    @classmethod
+    def _names(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value or any(ch in value for ch in " \t.*>/\\"):
+            raise ValueError(f"{value!r} is not a valid JetStream name (no spaces, '.', '*', '>', slashes)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TopicConfig:
+        keys = [k for k in ("inspect", "inspect_header", "inspect_subject_token") if getattr(self, k)]
+        if len(keys) > 1:
+            raise ValueError(f"only one of inspect, inspect_header, inspect_subject_token may be set, not {keys}")
+        starts = [
+            k for k in ("start_sequence", "start_time", "start_delta", "start_at_end") if getattr(self, k)
+        ]
+        if len(starts) > 1:
+            raise ValueError(f"only one start position may be set, not {starts}")
+        if keys and not self.age:
+            raise ValueError(f"{keys[0]} needs age (the sampling interval)")
+        if (self.update_flag or self.size_trigger) and not keys:
+            raise ValueError("update_flag and size_trigger need a sampling key (inspect, ...)")
+        if self.advisory and not keys:
+            raise ValueError("advisory needs a sampling key (inspect, inspect_header or inspect_subject_token)")
+        if self.limiter_state == "kv" and not keys:
+            raise ValueError("limiter_state 'kv' needs a sampling key")
+        return self
+
+    @property
+    def sampling(self) -> bool:
+        return bool(self.inspect or self.inspect_header or self.inspect_subject_token)
+
+    @property
+    def ordered(self) -> bool:
+        """One worker, not queued: order is kept; otherwise workers share a durable, unordered."""
+        return self.workers == 1 and not self.queued
+
+    @property
+    def advisory_age(self) -> float | None:
+        if not self.advisory:
+            return None
+        if self.advisory.age:
+            return self.advisory.age
+        return (self.age or 0) / 2 or None
+
+
+class Config(Strict):
+    debug: bool = False
+    verbose: bool = False
+    logfile: str | None = None
+    log_format: Literal["text", "json"] = "text"
+    state_dir: str | None = None
+    tls: TLSConfig | None = None
+    topics: dict[str, TopicConfig]
+
+    @field_validator("topics")
+    @classmethod
+    def _some_topics(cls, value: dict[str, TopicConfig]) -> dict[str, TopicConfig]:
+        if not value:
+            raise ValueError("at least one topic is required")
+        return value
+
+    @model_validator(mode="after")
+    def _file_state(self) -> Config:
+        for name, topic in self.topics.items():
+            if topic.limiter_state == "file" and not self.state_dir:
+                raise ValueError(f"topics.{name}.limiter_state 'file' needs state_dir")
+        return self
+
+
+class Profile:
+    """A topic's settings resolved against the globals: names, TLS per side, state paths."""
+
+    def __init__(self, config: Config, profile: str, *, instance: str | None = None, source: str = "") -> None:
+        if profile not in config.topics:
+            known = ", ".join(sorted(config.topics))
+            raise ConfigError(f"{source}: no topic {profile!r} in topics (known: {known})")
+        self.config = config
+        self.profile = profile
+        self.settings = config.topics[profile]
+        self.instance = instance
+        self.source = source
+
+    # ---- naming (the legacy README's scheme) ----
+    @property
+    def base_name(self) -> str:
+        s = self.settings
+        if s.name:
+            return s.name
+        prefix = f"{s.source_cluster_id}_" if s.source_cluster_id else ""
+        return f"{prefix}{self.profile}_{subject_token_name(s.topic)}_stream_replicator"
+
+    @property
+    def durable_name(self) -> str:
+        """Ordered mode's durable consumer; stable across restarts and pods."""
+        return self.base_name
+
+    @property
+    def group_name(self) -> str:
+        """Scaled mode's shared durable (the legacy queue group)."""
+        return self.settings.queue_group or f"{subject_token_name(self.settings.topic)}_stream_replicator_grp"
+
+    @property
+    def consumer_name(self) -> str:
+        return self.durable_name if self.settings.ordered else self.group_name
+
+    def worker_names(self) -> list[str]:
+        """NATS connection names, unique per worker (and per pod when an instance id is given)."""
+        base = self.base_name if not self.instance else f"{self.base_name}_{self.instance}"
+        return [f"{base}_{i}" for i in range(self.settings.workers)]
+
+    @property
+    def metrics_name(self) -> str:
+        return self.base_name
+
+    # ---- TLS and credentials per side ----
+    def tls_for(self, side: Literal["source", "target"]) -> TLSConfig | None:
+        s = self.settings
+        if (side == "source" and s.disable_source_tls) or (side == "target" and s.disable_target_tls):
+            return None
+        specific = s.source_tls if side == "source" else s.target_tls
+        return specific or s.tls or self.config.tls
+
+    def credentials_for(self, side: Literal["source", "target"]) -> str | None:
+        return self.settings.source_credentials if side == "source" else self.settings.target_credentials
+
+    def check_files(self) -> None:
+        """Unreadable TLS and credentials files fail at start, not at the first reconnect.
+
+        Only the profile being run is checked, so one config can describe hosts with other files.
+        """
+        for side in ("source", "target"):
+            tls = self.tls_for(side)  # type: ignore[arg-type]
+            if tls:
+                key = f"{side}_tls" if getattr(self.settings, f"{side}_tls") else (
+                    f"topics.{self.profile}.tls" if self.settings.tls else "tls")
+                if not key.startswith(("tls", "topics")):
+                    key = f"topics.{self.profile}.{key}"
+                for label, path in zip(("ca", "cert", "key"), tls.files(), strict=True):
+                    if path and not os.access(path, os.R_OK):
+                        raise ConfigError(f"{self.source}: {key}: {side} TLS {label} file {path} is not readable")
+            creds = self.credentials_for(side)  # type: ignore[arg-type]
+            if creds and not os.access(creds, os.R_OK):
+                raise ConfigError(
+                    f"{self.source}: topics.{self.profile}.{side}_credentials: file {creds} is not readable"
+                )
+
+    def state_file(self) -> Path:
+        assert self.config.state_dir
+        return Path(self.config.state_dir) / f"{self.profile}.json"
+
+
+def subject_token_name(subject: str) -> str:
+    """A subject as a name fragment: `acme.cmdb` -> `acme_cmdb`; wildcards spelled out."""
+    return subject.replace(".", "_").replace("*", "any").replace(">", "all")
+
+
+def redact_url(url: str) -> str:
+    """Hide user:password, tokens and query secrets before a URL reaches logs or errors."""
+    url = re.sub(r"//.*@", "//***@", url)  # greedy: a password may hold an unencoded '@' or '/'
+
+    return re.sub(r"\?.*$", "?***", url)

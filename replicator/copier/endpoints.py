@@ -1,0 +1,100 @@
+"""What a copy loop is given (connections, streams, names, the limiter) and the per-message
+decisions every loop shares: first-start position, max_age and sampling verdicts, batched counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+from nats.js.client import JetStreamContext
+
+from replicator.config.model import Profile
+from replicator.observe.metrics import WorkerMetrics
+from replicator.sampling.limiter import Pending
+from replicator.transport.jetstream import (
+    ACK_TIMESTAMP,
+)
+
+PUBLISH_TIMEOUT = 5.0
+ACK_WAIT = 30.0
+POISON_ATTEMPTS = 5
+
+
+class Decider(Protocol):
+    """The limiter as the copy loops see it: `check` decides at once when it can (a skip, at fleet
+    rates, costs no await), else returns what `settle` needs to decide with the shared store;
+    `flush` publishes its counts, once per batch."""
+
+    def check(self, subject: str, headers: dict[str, str] | None, payload: bytes) -> bool | Pending: ...
+    async def settle(self, pending: Pending) -> bool: ...
+    def flush(self) -> None: ...
+
+
+def verdict(ep: Endpoints, msg: Msg, tokens: list[str]) -> bool | Pending:
+    """Copy this delivery? Not when older than `max_age` (counted) or sampled out; `Pending` when
+    only `settle` can tell. Synchronous, because at fleet rates most answers need no waiting."""
+    max_age = ep.profile.settings.max_age
+    if max_age and time.time() - int(tokens[ACK_TIMESTAMP]) / 1e9 > max_age:
+        ep.metrics.too_old_msgs.inc()
+        return False
+    limiter = ep.limiter
+    return True if limiter is None else limiter.check(msg.subject, msg.headers, msg.data)
+
+
+async def settle(ep: Endpoints, pending: Pending) -> bool:
+    assert ep.limiter is not None
+    return await ep.limiter.settle(pending)
+
+
+@dataclass
+class Endpoints:
+    """What a copy loop needs, prepared by the runner: connections, streams, names."""
+
+    profile: Profile
+    source_nc: Client
+    target_nc: Client
+    source_stream: str
+    target_stream: str
+    worker: str
+    metrics: WorkerMetrics
+    limiter: Decider | None = None
+    api_prefix: str = "$JS.API"
+    ready: Callable[[bool], None] = lambda _ready: None
+
+    @property
+    def source_js(self) -> JetStreamContext:
+        return self.source_nc.jetstream()
+
+    @property
+    def target_js(self) -> JetStreamContext:
+        return self.target_nc.jetstream()
+
+
+def start_position(profile: Profile) -> dict[str, object]:
+    """Consumer settings for the very first start (never applied when resuming)."""
+    s = profile.settings
+    if s.start_sequence:
+        return {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": s.start_sequence}
+    if s.start_time:
+        return {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": s.start_time.isoformat()}
+    if s.start_delta:
+        start = time.time() - s.start_delta
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+        return {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": stamp}
+    if s.start_at_end:
+        return {"deliver_policy": DeliverPolicy.NEW}
+    return {"deliver_policy": DeliverPolicy.ALL}
+
+
+def flush_counts(ep: Endpoints, lag: str | None) -> None:
+    """Per-batch metrics (a locked update per message would cost more than a skipped message)."""
+    if lag is not None:
+        ep.metrics.lag_msgs.set(int(lag))
+    if ep.limiter is not None:
+        ep.limiter.flush()

@@ -1,0 +1,486 @@
+"""Ordered mode: the single active worker, pipelined, in order and exactly once on the target.
+
+It keeps up to `max_in_flight` publishes in flight yet never lets a later message land before an
+earlier one: every publish carries `Nats-Expected-Last-Msg-Id` naming its predecessor, so if any
+message fails, every later one in the window fails too. Recovery then reads the target's last
+provenance header, drops what landed, and republishes the rest, the first one synchronously (no
+predecessor check, so a server that lost its last-id after a restart cannot wedge the chain). The
+source is acked cumulatively (AckAll) only after the target acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from replicator.copier.control import Backoff, Stopper, wait_wake
+from replicator.copier.endpoints import (
+    ACK_WAIT,
+    POISON_ATTEMPTS,
+    PUBLISH_TIMEOUT,
+    Endpoints,
+    flush_counts,
+    settle,
+    start_position,
+    verdict,
+)
+from replicator.copier.failures import is_permanent, is_target_full
+from replicator.copier.provenance import EXPECTED_LAST_MSG_ID, MSG_ID, last_copied
+from replicator.copier.transform import MessageTransform
+from replicator.sampling.limiter import Pending
+from replicator.transport.jetstream import (
+    ACK_CONSUMER_SEQ,
+    ACK_DELIVERED,
+    ACK_PENDING,
+    ACK_STREAM_SEQ,
+    ACK_TIMESTAMP,
+    Publisher,
+    PublishError,
+    Puller,
+    ack,
+    ack_tokens,
+)
+
+log = logging.getLogger(__name__)
+
+
+MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class Entry:
+    """One message in the ordered window, on its way to the target, and the skipped (sampled out,
+    too old) deliveries behind it: they are done when it is, and need no entry of their own."""
+
+    msg: Msg
+    seq: int
+    received: float
+    subject: str
+    headers: dict[str, str]
+    future: asyncio.Future[None] | None = None
+    sent_at: float = 0.0
+    attempts: int = 0
+    skipped_seq: int = 0
+    skipped_reply: str = ""
+
+    @property
+    def last_seq(self) -> int:
+        return self.skipped_seq or self.seq
+
+    @property
+    def last_reply(self) -> str:
+        return self.skipped_reply or self.msg.reply
+
+
+@dataclass
+class OrderedCopier:
+    """The single active worker of a topic: pipelined, in order, exactly once on the target."""
+
+    ep: Endpoints
+    stopper: Stopper = field(default_factory=Stopper)
+
+    def __post_init__(self) -> None:
+        s = self.ep.profile.settings
+        self.window: deque[Entry] = deque()
+        self.max_in_flight = s.max_in_flight
+        self.wake = asyncio.Event()
+        self.transform = MessageTransform(self.ep)
+        self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
+        self.puller: Puller | None = None
+        self.committed = 0  # highest source sequence copied or skipped, in order
+        self.ack_due: str | None = None  # reply subject of `committed` while not yet acked (AckAll)
+        self.lag: str | None = None  # pending count of the latest delivery, set once per batch
+        self.last_id: str | None = None  # Nats-Msg-Id of the last message published in the chain
+        self.chain_open = False  # False: the next publish goes alone, without predecessor check
+        self.backoff = Backoff()
+        self.blocked_since: float | None = None
+        self.avg_size = 1024.0  # payload bytes per message, learned as messages arrive
+        # Consumer (delivery) sequence of the last message delivered: deliveries count up by one, so
+        # a jump means messages were lost in transit (a cut link) and must be fetched again.
+        self.last_cseq = 0
+        self.gap: tuple[int, int] | None = None
+
+    # ---- setup ----
+    async def resume_point(self) -> tuple[int, bool]:
+        """(next source sequence, resuming?) from the target's provenance and the consumer's ack floor."""
+        ep = self.ep
+        landed = await last_copied(
+            ep.target_js, ep.target_stream, self.transform.rewrite(ep.profile.settings.topic),
+            ep.source_stream, ep.profile.base_name,
+        )
+        floor = 0
+        existed = False
+        try:
+            info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.durable_name)
+            existed = True
+            floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
+        except NotFoundError:
+            pass
+        resume = max(landed, floor)
+        return resume + 1, existed or landed > 0
+
+    async def bind(self) -> None:
+        """(Re)create the durable at the resume point: the server's redelivery order cannot be trusted
+        for messages that were in flight when the previous worker died."""
+        ep = self.ep
+        next_seq, resuming = await self.resume_point()
+        name = ep.profile.durable_name
+        with contextlib.suppress(NotFoundError):
+            await ep.source_js.delete_consumer(ep.source_stream, name)
+        position: dict[str, object]
+        if resuming:
+            position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": next_seq}
+        else:
+            position = start_position(ep.profile)
+        await ep.source_js.add_consumer(ep.source_stream, self._consumer_config(position))
+        self.committed = next_seq - 1 if resuming else 0
+        self.chain_open = False
+        self.last_cseq = 0
+        self.gap = None
+        log.info("%s bound to %s/%s at %s", ep.worker, ep.source_stream, name,
+                 f"sequence {next_seq}" if resuming else position["deliver_policy"])
+
+    def _consumer_config(self, position: dict[str, object]) -> ConsumerConfig:
+        ep = self.ep
+        return ConsumerConfig(
+            durable_name=ep.profile.durable_name,
+            ack_policy=AckPolicy.ALL,
+            ack_wait=ACK_WAIT,
+            max_ack_pending=self.max_in_flight * 2,
+            filter_subject=ep.profile.settings.topic,
+            max_waiting=512,
+            **position,  # type: ignore[arg-type]
+        )
+
+    # ---- main loop ----
+    async def run(self) -> None:
+        ep = self.ep
+        await self.publisher.start()
+        try:
+            while not self.stopper.stopping:
+                try:
+                    await self.bind()
+                    break
+                except Exception as err:
+                    log.warning("%s cannot bind consumer: %s", ep.worker, err)
+                    await self.stopper.sleep(self.backoff.next())
+            self.backoff.reset()
+            self.puller = Puller(ep.source_nc, ep.source_stream, ep.profile.durable_name,
+                                 batch=ep.profile.settings.batch, wake=self.wake, api_prefix=ep.api_prefix)
+            await self.puller.start()
+            ep.ready(True)
+            await self._loop()
+            await self._finish()
+        finally:
+            ep.ready(False)
+            if self.puller:
+                await self.puller.stop()
+            await self.publisher.stop()
+
+    async def _loop(self) -> None:
+        assert self.puller is not None
+        puller = self.puller
+        idle_checks = 0.0
+        while not self.stopper.stopping:
+            # Ask for up to a whole window beyond the window (the consumer's max_ack_pending), so
+            # the fetch round trip to the source overlaps the publish round trip to the target even
+            # on long links; but keep the bytes in flight well inside the client's outbound buffer,
+            # or large messages stall on forced flushes.
+            room = 2 * self.max_in_flight - len(self.window)
+            held = (len(self.window) + len(puller.buffer) + puller.requested) * self.avg_size
+            if room > 0 and held < MAX_BYTES_IN_FLIGHT:
+                await puller.request(min(room, max(puller.batch, int(MAX_BYTES_IN_FLIGHT / self.avg_size))))
+            await wait_wake(self.wake, 1.0)
+            if puller.last_status is not None:
+                status, text = puller.last_status
+                puller.last_status = None
+                await self._consumer_trouble(status, text)
+                continue
+            admitted = received_bytes = 0
+            while puller.buffer and len(self.window) < self.max_in_flight and self.gap is None:
+                msg = puller.buffer.popleft()
+                if await self._admit(msg):
+                    admitted += 1
+                    received_bytes += len(msg.data)
+            if admitted:
+                self.avg_size = 0.8 * self.avg_size + 0.2 * (received_bytes / admitted)
+                self.ep.metrics.received_msgs.inc(admitted)
+                self.ep.metrics.received_bytes.inc(received_bytes)
+                self._flush_counts()
+            await self._drain()
+            if self.gap is not None:
+                first, last = self.gap
+                log.warning("%s deliveries %d..%d of consumer %s were lost in transit: fetching them again",
+                            self.ep.worker, first, last, self.ep.profile.durable_name)
+                await self._rebind(delete=True)
+                continue
+            now = time.monotonic()
+            if now - idle_checks > 1.0:
+                idle_checks = now
+                await self._check_stalled(now)
+
+    async def _admit(self, msg: Msg) -> bool:
+        """Put a delivered message in the window (and on its way to the target); False if a redelivery."""
+        ep = self.ep
+        tokens = ack_tokens(msg.reply)
+        cseq = int(tokens[ACK_CONSUMER_SEQ])
+        if cseq <= self.last_cseq:
+            return False  # delivered before, or by a consumer we have since replaced
+        if cseq != self.last_cseq + 1:
+            # A delivery never arrived; admitting this one would let AckAll acknowledge the lost one.
+            self.gap = (self.last_cseq + 1, cseq - 1)
+            return False
+        self.last_cseq = cseq
+        seq = int(tokens[ACK_STREAM_SEQ])
+        window = self.window
+        if seq <= self.committed or (window and seq <= window[-1].last_seq):
+            if seq <= self.committed and tokens[ACK_DELIVERED] != "1":
+                await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
+            return False  # a redelivery of something done or already in the window
+        self.lag = tokens[ACK_PENDING]
+        copy = verdict(ep, msg, tokens)
+        if isinstance(copy, Pending):
+            copy = await settle(ep, copy)
+        if not copy:
+            if window:  # done when the copy ahead of it is
+                tail = window[-1]
+                tail.skipped_seq, tail.skipped_reply = seq, msg.reply
+            else:
+                self.committed, self.ack_due = seq, msg.reply
+            return True
+        entry = Entry(msg, seq, time.monotonic(), self.transform.rewrite(msg.subject),
+                      self.transform.headers(msg, seq, int(tokens[ACK_TIMESTAMP])))
+        window.append(entry)
+        if self.chain_open:
+            await self._send(entry)
+        elif window[0] is entry:
+            await self._send_alone(entry)
+        return True
+
+    def _flush_counts(self) -> None:
+        flush_counts(self.ep, self.lag)
+        self.lag = None
+
+    def _first_copy(self) -> Entry | None:
+        return self.window[0] if self.window else None
+
+    async def _send(self, entry: Entry) -> None:
+        assert entry.headers is not None
+        if self.last_id is not None:
+            entry.headers[EXPECTED_LAST_MSG_ID] = self.last_id
+        else:
+            entry.headers.pop(EXPECTED_LAST_MSG_ID, None)
+        entry.sent_at = time.monotonic()
+        entry.attempts += 1
+        entry.future = await self.publisher.publish(entry.subject, entry.msg.data, entry.headers)
+        self.last_id = entry.headers[MSG_ID]
+
+    async def _send_alone(self, entry: Entry) -> None:
+        """Publish without a predecessor check and wait: the safe way to (re)start the chain."""
+        assert entry.headers is not None
+        entry.headers.pop(EXPECTED_LAST_MSG_ID, None)
+        entry.sent_at = time.monotonic()
+        entry.attempts += 1
+        fut = await self.publisher.publish(entry.subject, entry.msg.data, entry.headers)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), PUBLISH_TIMEOUT)
+        except TimeoutError:
+            fut.cancel()
+            entry.future = fut
+            return
+        except PublishError:
+            entry.future = fut
+            return
+        entry.future = fut
+        self.last_id = entry.headers[MSG_ID]
+        self.chain_open = True
+        # Anything admitted behind it while we waited can now go, chained.
+        for later in self.window:
+            if later.future is None and later is not entry:
+                await self._send(later)
+
+    async def _drain(self) -> None:
+        """Retire the completed prefix of the window in order, then ack the source once (AckAll)."""
+        ep = self.ep
+        m = ep.metrics
+        now = time.monotonic()
+        copied = copied_bytes = 0
+        observe = m.processing_time.observe
+        failed: tuple[Entry, PublishError] | None = None
+        window = self.window
+        while window:
+            head = window[0]
+            fut = head.future
+            if fut is None or not fut.done():
+                break
+            err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
+            if err is not None:
+                failed = head, err if isinstance(err, PublishError) else PublishError(str(err))
+                break
+            copied += 1
+            copied_bytes += len(head.msg.data)
+            observe(now - head.received)
+            window.popleft()
+            self.committed, self.ack_due = head.last_seq, head.last_reply
+        if copied:
+            self._count_copied(copied, copied_bytes)
+            if self.blocked_since is not None:
+                log.info("%s target accepts messages again", ep.worker)
+                self.blocked_since = None
+                m.target_blocked.set(0)
+        if self.ack_due is not None:
+            reply, self.ack_due = self.ack_due, None
+            m.current_sequence.set(self.committed)
+            self.backoff.reset()
+            await ack(ep.source_nc, reply, m.acks_failed.inc)
+        if failed is not None:
+            await self._recover(*failed)
+
+    def _count_copied(self, n: int, size: int) -> None:
+        if n:
+            self.ep.metrics.copied_msgs.inc(n)
+            self.ep.metrics.copied_bytes.inc(size)
+
+    async def _check_stalled(self, now: float) -> None:
+        """A publish whose ack never came (lost in a disconnect) counts as failed."""
+        if not self.window:
+            return
+        head = self.window[0]
+        if head.future is not None and not head.future.done() and now - head.sent_at > PUBLISH_TIMEOUT:
+            await self._recover(head, PublishError("publish timed out"))
+        elif not self.chain_open:
+            first = self._first_copy()
+            if first is not None and first.future is None:
+                await self._send_alone(first)
+
+    async def _recover(self, head: Entry, err: PublishError) -> None:
+        """The head failed: settle the window, learn what landed, and republish the rest in order."""
+        ep = self.ep
+        m = ep.metrics
+        m.failed_msgs.inc()
+        full = is_target_full(err)
+        if full and self.blocked_since is None:
+            self.blocked_since = time.monotonic()
+            m.target_blocked.set(1)
+            log.warning("%s target stream %s refuses messages (%s): backing off until there is room",
+                        ep.worker, ep.target_stream, err.description)
+        elif not full:
+            log.warning("%s publish of source sequence %d failed: %s", ep.worker, head.seq, err.description)
+        # Let whatever is still in flight settle, so the target's state stops moving.
+        pending = [e.future for e in self.window if e.future is not None and not e.future.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=PUBLISH_TIMEOUT)
+        self.publisher.forget_all()
+        landed = await self._landed_up_to()
+        if landed is None:
+            await self.stopper.sleep(self.backoff.next())
+            for e in self.window:
+                _settled(e.future)
+                e.future = None
+            self.chain_open = False
+            return
+        # Messages acknowledged before the failure stay done; the landed prefix is done too.
+        while self.window and (self.window[0].seq <= landed or self._acked_ok(self.window[0])):
+            done = self.window.popleft()
+            _settled(done.future)
+            self._count_copied(1, len(done.msg.data))
+            self.committed, self.ack_due = done.last_seq, done.last_reply
+        if self.window and self.window[0] is head and is_permanent(err) and head.attempts >= POISON_ATTEMPTS:
+            self.window.popleft()
+            self.committed, self.ack_due = head.last_seq, head.last_reply
+            log.error("%s gave up on source sequence %d after %d attempts: %s (skipped, counted in failed_msgs)",
+                      ep.worker, head.seq, head.attempts, err.description)
+        for e in self.window:
+            _settled(e.future)
+            e.future = None
+        self.chain_open = False
+        if self.committed:
+            m.current_sequence.set(self.committed)
+        await self.stopper.sleep(self.backoff.next())
+        first = self._first_copy()
+        if first is not None and not self.stopper.stopping:
+            await self._send_alone(first)
+        await self._drain()
+
+    @staticmethod
+    def _acked_ok(entry: Entry) -> bool:
+        fut = entry.future
+        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+
+    async def _landed_up_to(self) -> int | None:
+        ep = self.ep
+        try:
+            return await last_copied(
+                ep.target_js, ep.target_stream, self.transform.rewrite(ep.profile.settings.topic),
+                ep.source_stream, ep.profile.base_name,
+            )
+        except Exception as err:
+            log.warning("%s cannot read the target's last message yet: %s", ep.worker, err)
+            return None
+
+    async def _consumer_trouble(self, status: int, text: str) -> None:
+        """409s: the consumer was deleted or lost leadership; rebind where we are."""
+        ep = self.ep
+        log.warning("%s consumer status %d %s", ep.worker, status, text)
+        if "deleted" in text.lower() or (status == 409 and "leadership" in text.lower()):
+            await self._rebind(delete=False)
+
+    async def _rebind(self, *, delete: bool) -> None:
+        """Point the durable right after what we hold (window or committed) and pull afresh.
+
+        `delete`: the consumer still exists but lost deliveries in transit; it is replaced, and the
+        puller takes a new inbox so deliveries still on their way from the old one are dropped
+        rather than mistaken for new ones.
+        """
+        assert self.puller is not None
+        ep = self.ep
+        resume = max(self.committed, self.window[-1].last_seq if self.window else 0) + 1
+        position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": resume}
+        try:
+            if delete:
+                with contextlib.suppress(NotFoundError):
+                    await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
+            await ep.source_js.add_consumer(ep.source_stream, self._consumer_config(position))
+            await self.puller.restart()
+            self.last_cseq = 0
+            self.gap = None
+            log.info("%s recreated consumer %s at sequence %d", ep.worker, ep.profile.durable_name, resume)
+        except Exception as err:
+            log.warning("%s cannot recreate consumer: %s", ep.worker, err)
+            await self.stopper.sleep(self.backoff.next())
+
+    async def _finish(self) -> None:
+        """On stop: finish and ack what is in flight (bounded), then stop."""
+        deadline = time.monotonic() + PUBLISH_TIMEOUT * 2
+        if self.puller is not None:
+            self.puller.buffer.clear()
+        await self._drain()  # skips admitted last are acked here even with an empty window
+        while self.window and time.monotonic() < deadline:
+            if not self.chain_open:
+                first = self._first_copy()
+                if first is not None and first.future is None:
+                    await self._send_alone(first)
+            pending = [e.future for e in self.window if e.future is not None and not e.future.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+            before = len(self.window)
+            await self._drain()
+            if len(self.window) == before and not pending:
+                break
+        with contextlib.suppress(Exception):
+            await self.ep.source_nc.flush(timeout=2)
+
+
+def _settled(fut: asyncio.Future[None] | None) -> None:
+    """Drop a publish future we no longer wait for, reading its error first: an unread one makes
+    asyncio log "Future exception was never retrieved" with a traceback, once per message."""
+    if fut is not None and fut.done() and not fut.cancelled():
+        fut.exception()

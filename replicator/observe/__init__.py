@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, the /metrics /healthz /readyz server, logging."""

@@ -1,0 +1,1 @@
+"""The sampling plane: sender keys, the limiter, its state stores, advisories and leader election."""

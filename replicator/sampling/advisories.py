@@ -1,0 +1,321 @@
+"""Advisories: tell a central site which senders are new, silent, back, or gone, without their data.
+
+Only the elected leader of a topic advises, and every decision is taken from the state store, not
+from transitions it happened to witness: a sender is announced `new` until the store carries its
+ANNOUNCED mark, `timeout` until the store carries the timed-out last-seen time, and so on. So a
+new leader picks up exactly where the old one stopped, and an advisory is marked in the store only
+after it was published. The one gap (published, then the leader died before marking) is closed by
+`event_id`: it is derived from (replicator, topic, value, event, episode), sent as `Nats-Msg-Id`,
+and JetStream drops the re-send as a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from replicator.config.model import Profile
+from replicator.observe.metrics import WorkerMetrics
+from replicator.sampling.keys import key_spec
+from replicator.sampling.state.protocol import StateStore
+from replicator.sampling.state.records import ANNOUNCED, Sender, scan_interval
+
+log = logging.getLogger(__name__)
+
+SCHEMA_ID = "stream-replicator/v1/age_advisory"
+EVENTS = ("new", "timeout", "recover", "expire")
+RETRIES = 10
+STREAM_RECHECK = 30.0
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) shipped in the package: replicator/schemas/age_advisory.json."""
+    text = resources.files("replicator").joinpath("schemas/age_advisory.json").read_text()
+    return dict(json.loads(text))
+
+
+def event_id(replicator: str, topic: str, value: str, event: str, episode: float) -> str:
+    """Deterministic per episode, so every retry and every leader names an advisory the same way.
+
+    The episode is the record's time that identifies it: first seen for new/expire (one life),
+    the timed-out last-seen time for timeout/recover (one silence).
+    """
+    raw = "\x1f".join((replicator, topic, value, event, str(round(episode * 1000))))
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def episode_of(event: str, sender: Sender) -> float:
+    if event in ("new", "expire"):
+        return sender.first
+    if event == "timeout":
+        return sender.seen
+    return sender.adv
+
+
+def build_advisory(
+    event: str, value: str, sender: Sender, now: float, *, inspect: str, replicator: str, topic: str
+) -> dict[str, Any]:
+    """The advisory document; `age` of a `recover` is how long the sender had been silent."""
+    age = sender.seen - sender.adv if event == "recover" else now - sender.seen
+    return {
+        "$schema": SCHEMA_ID,
+        "event_id": event_id(replicator, topic, value, event, episode_of(event, sender)),
+        "event": event,
+        "inspect": inspect,
+        "value": value,
+        "age": max(0, int(age)),
+        "seen": max(0, int(sender.seen)),
+        "replicator": replicator,
+        "topic": topic,
+        "timestamp": max(0, int(now)),
+    }
+
+
+def default_retry_delay(attempt: int) -> float:
+    """0.25 s doubling to 5 s: ten retries span about half a minute."""
+    return min(0.25 * 2**attempt, 5.0)
+
+
+class Advisor:
+    """Runs on the leader only: scans the store for timeout/expire, publishes new/timeout/recover/expire."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        store: StateStore,
+        publish_nc: Client,
+        metrics: WorkerMetrics,
+        *,
+        replicator_name: str,
+        clock: Callable[[], float] = time.time,
+        retries: int = RETRIES,
+        retry_delay: Callable[[int], float] = default_retry_delay,
+        concurrency: int = 8,
+    ) -> None:
+        settings = profile.settings
+        if settings.advisory is None or not settings.age:
+            raise ValueError(f"topic {profile.profile!r} has no advisory configured")
+        self.store = store
+        self.nc = publish_nc
+        self.js = publish_nc.jetstream()
+        self.metrics = metrics
+        self.clock = clock
+        self.subject = settings.advisory.target
+        self.inspect = key_spec(settings)
+        self.topic = settings.topic
+        self.replicator = replicator_name
+        self.age = float(settings.age)
+        self.timeout_age = settings.advisory_age
+        self.interval = scan_interval(settings)
+        self.grace = store.resolution
+        self.retries = retries
+        self.retry_delay = retry_delay
+        self.concurrency = concurrency
+        self._active = False
+        self._timeouts_from = math.inf
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._scan_now = asyncio.Event()
+        self._stream: str | None = None
+        self._stream_checked = -math.inf
+        # Published but not yet marked in the store (e.g. the KV is down): not published again.
+        self._unmarked: dict[str, str] = {}
+
+    # -- life cycle and leadership
+    async def start(self) -> None:
+        self.store.add_listener(self._poke)
+        self._tasks.append(asyncio.create_task(self._scanner(), name="advisor-scan"))
+        for n in range(self.concurrency):
+            self._tasks.append(asyncio.create_task(self._worker(), name=f"advisor-{n}"))
+
+    async def stop(self) -> None:
+        self._active = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def set_active(self, active: bool) -> None:
+        """Leadership changed. A new leader waits one resolution interval before declaring anyone
+        silent: last-seen refreshes of the other processes must reach its cache first."""
+        if active and not self._active:
+            self._active = True
+            self._timeouts_from = self.clock() + self.grace
+            self._scan_now.set()
+        elif not active and self._active:
+            self._active = False
+            self._timeouts_from = math.inf
+            self._drop_queue()
+
+    def _drop_queue(self) -> None:
+        self._unmarked.clear()
+        while not self._queue.empty():
+            key = self._queue.get_nowait()
+            self._queued.discard(key)
+            self._queue.task_done()
+
+    def _poke(self, key: str) -> None:
+        if self._active:
+            self._enqueue(key)
+
+    def _enqueue(self, key: str) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    # -- deciding
+    def next_event(self, sender: Sender | None, now: float) -> str | None:
+        """The advisory this sender is owed now, from its record alone."""
+        if sender is None:
+            return None
+        silent = now - sender.seen
+        settled = now >= self._timeouts_from
+        if silent >= self.age:
+            return "expire" if settled else None
+        if not sender.announced:
+            return "new"
+        if sender.adv > 0 and sender.seen > sender.adv:
+            return "recover"
+        if sender.adv == 0 and self.timeout_age is not None and silent >= self.timeout_age and settled:
+            return "timeout"
+        return None
+
+    async def scan(self) -> int:
+        """One pass over every tracked sender; queues those owed an advisory. Returns how many."""
+        if not self._active:
+            return 0
+        for key in [k for k in self._unmarked if self.store.get(k) is None]:
+            del self._unmarked[key]
+        now = self.clock()
+        found = 0
+        for n, key in enumerate(self.store.keys()):
+            if key not in self._queued and self.next_event(self.store.get(key), now):
+                self._enqueue(key)
+                found += 1
+            if n % 2000 == 1999:
+                await asyncio.sleep(0)
+        return found
+
+    async def drain(self) -> None:
+        """Wait until everything queued has been published (tests, shutdown)."""
+        await self._queue.join()
+
+    async def _scanner(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._scan_now.wait(), self.interval)
+            self._scan_now.clear()
+            try:
+                await self.scan()
+            except Exception:
+                log.exception("advisory scan failed")
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            try:
+                await self._advise(key)
+            except Exception:
+                log.exception("advisory for %r failed", key)
+            finally:
+                self._queued.discard(key)
+                self._queue.task_done()
+
+    async def _advise(self, key: str) -> None:
+        """Publish what `key` is owed (possibly new, then timeout), marking the store after each."""
+        for _ in range(len(EVENTS)):
+            if not self._active:
+                return
+            now = self.clock()
+            sender = self.store.get(key)
+            event = self.next_event(sender, now)
+            if event in ("timeout", "expire"):  # silence is claimed from the KV, not a stale cache
+                sender = await self.store.refresh(key)
+                event = self.next_event(sender, now)
+            if event is None or sender is None:
+                return
+            if event == "expire" and (not sender.announced or now - sender.seen >= 2 * self.age):
+                await self.store.forget(key, sender)  # never announced, or stale state: forget quietly
+                return
+            advisory = build_advisory(
+                event, key, sender, now, inspect=self.inspect, replicator=self.replicator, topic=self.topic
+            )
+            if self._unmarked.get(key) != advisory["event_id"]:
+                if await self.publish(advisory):
+                    self.metrics.advisories[event].inc()
+                else:
+                    self.metrics.advisories_errors.inc()
+                self._unmarked[key] = advisory["event_id"]
+            if not await self._mark(key, event, sender):
+                return  # the next scan retries the mark, not the publish
+            self._unmarked.pop(key, None)
+
+    async def _mark(self, key: str, event: str, sender: Sender) -> bool:
+        if event == "new":
+            return await self.store.annotate(key, flags=sender.flags | ANNOUNCED)
+        if event == "timeout":
+            return await self.store.annotate(key, adv=sender.seen)
+        if event == "recover":
+            return await self.store.annotate(key, adv=0.0)
+        await self.store.forget(key, sender)  # if it came back meanwhile, it is a new life
+        self._unmarked.pop(key, None)
+        return False
+
+    # -- publishing
+    async def _capturing_stream(self) -> str | None:
+        """The stream that stores the advisory subject, if any (re-checked every 30 s and on errors)."""
+        mono = time.monotonic()
+        if mono - self._stream_checked >= STREAM_RECHECK:
+            try:
+                self._stream = await self.js.find_stream_name_by_subject(self.subject)
+            except nats.js.errors.NotFoundError:
+                self._stream = None
+            self._stream_checked = mono
+        return self._stream
+
+    async def publish(self, advisory: dict[str, Any]) -> bool:
+        """JetStream publish (deduplicated by Nats-Msg-Id) when a stream captures the subject, else
+        core publish; retried with backoff, then logged and given up."""
+        data = json.dumps(advisory, separators=(",", ":")).encode()
+        headers = {"Nats-Msg-Id": advisory["event_id"]}
+        error: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                stream = await self._capturing_stream()
+                if stream is not None:
+                    await self.js.publish(self.subject, data, headers=headers, timeout=2.0)
+                else:
+                    await self.nc.publish(self.subject, data, headers=headers)
+                    await self.nc.flush(timeout=2)
+                return True
+            except (nats.errors.Error, nats.js.errors.Error, TimeoutError, OSError) as err:
+                error = err
+                self._stream_checked = -math.inf
+            if attempt < self.retries:
+                await asyncio.sleep(self.retry_delay(attempt))
+        log.error(
+            "advisory %s for %r to %s not published after %d retries, dropped: %s",
+            advisory["event"], advisory["value"], self.subject, self.retries, error,
+        )
+        return False

@@ -1,0 +1,173 @@
+"""Sampling: find each message's sender and decide whether it goes upward now.
+
+A sender is copied when it is new (never copied, or forgotten after `age` of silence), when its
+last copy is older than `age` minus a per-sender splay, when the message carries a true
+`update_flag`, or when its payload size moved by `size_trigger` since the last copy. A message
+whose sender cannot be found is copied and counted: sampling must never lose data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from replicator.config.model import TopicConfig
+from replicator.observe.metrics import WorkerMetrics
+from replicator.sampling.keys import identifier
+from replicator.sampling.state.protocol import StateStore
+from replicator.sampling.state.records import Sender
+
+log = logging.getLogger(__name__)
+
+
+SPLAY_FRACTION = 0.1
+"""Up to this share of `age` is taken off each sender's interval, so a fleet that started in the
+same minute does not come back in one spike every `age`; fixed per sender so it is fair."""
+
+
+def splay(key: str, age: float) -> float:
+    """Seconds taken off `age` for this sender: deterministic (crc32) so every process agrees."""
+    return age * SPLAY_FRACTION * (zlib.crc32(key.encode("utf-8", "surrogatepass")) / 2**32)
+
+
+@dataclass(slots=True)
+class Pending:
+    """A decision only the store can make (a new sender, or one that may be due): see `settle`."""
+
+    key: str
+    now: float
+    size: int
+    forced: bool
+
+
+class Limiter:
+    """Decides per message whether to copy; tracks senders in a StateStore.
+
+    One Limiter per worker (it carries that worker's metrics); the store is shared by all workers
+    of a process, and with `limiter_state: kv` by every process of the topic.
+    """
+
+    def __init__(
+        self,
+        settings: TopicConfig,
+        store: StateStore,
+        metrics: WorkerMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_new: Callable[[str], None] | None = None,
+    ) -> None:
+        if not settings.sampling or not settings.age:
+            raise ValueError("the limiter needs a sampling key (inspect, inspect_header, ...) and age")
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.on_new = on_new
+        self.age = float(settings.age)
+        self.surely_not_due = self.age * (1 - SPLAY_FRACTION)  # no sender's interval is shorter
+        self.identify = identifier(settings)
+        self.size_trigger = settings.size_trigger or 0
+        # Counted here and added to the Prometheus counters by `flush` (once per batch in the copy
+        # loops): a locked counter increment per message costs more than the skip it counts.
+        self.unflushed_skipped = 0
+        self.unflushed_passed = 0
+
+    def due(self, key: str, copied: float, last_size: int, now: float, size: int) -> bool:
+        """The sampling rule for a known, live sender: its interval is over or its size moved."""
+        since = now - copied
+        if since >= self.surely_not_due and since >= self.age - splay(key, self.age):
+            return True
+        return bool(self.size_trigger) and abs(size - last_size) >= self.size_trigger
+
+    def decide(self, key: str, sender: Sender | None, now: float, size: int, forced: bool) -> bool:
+        """The rule for whatever the store holds (None: new or forgotten, always copied)."""
+        if sender is None or forced:
+            return True
+        return self.due(key, sender.copied, sender.size, now, size)
+
+    def check(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending:
+        """The decision when it needs no waiting, else what `settle` needs.
+
+        At fleet rates most messages come from a known sender that is not due: those are skipped
+        here, synchronously, from the store's cache; a store private to this process (memory,
+        file) decides copies here too. Only the shared KV store needs `settle` to claim a copy.
+        Keyless messages are copied (and counted).
+        """
+        try:
+            key, forced = self.identify(subject, headers, payload)
+        except Exception:  # a sampling bug must not stop replication
+            log.exception("sampling key extraction failed on %s", subject)
+            key, forced = None, False
+        if key is None:
+            self.metrics.limiter_errors.inc()
+            return True
+        now = self.clock()
+        size = len(payload)
+        store = self.store
+        i = store.live_slot(key, now)
+        if i is None:
+            if not store.local:
+                return Pending(key, now, size, forced)
+            store.insert(key, now, size)
+            self.unflushed_passed += 1
+            if self.on_new is not None:
+                self._announce(key)
+            return True
+        t = store.table
+        if forced or self.due(key, t.copied[i], t.size[i], now, size):
+            if not store.local:
+                return Pending(key, now, size, forced)
+            store.copied_now(key, i, now, size)
+            self.unflushed_passed += 1
+            return True
+        store.touch(key, i, now)
+        self.unflushed_skipped += 1
+        return False
+
+    async def settle(self, pending: Pending) -> bool:
+        """Ask the store, which settles races between workers (and, on KV, between processes)."""
+        key, now, size, forced = pending.key, pending.now, pending.size, pending.forced
+
+        def decide(sender: Sender | None) -> bool:
+            return self.decide(key, sender, now, size, forced)
+
+        try:
+            result = await self.store.observe(key, now, size, decide)
+        except Exception:  # stores fail open themselves; this is the last line of defence
+            log.exception("limiter state store failed for %r: copying", key)
+            self.metrics.limiter_state_errors.inc()
+            return True
+        if result.new and self.on_new is not None:
+            self._announce(key)
+        if result.copy:
+            self.unflushed_passed += 1
+        else:
+            self.unflushed_skipped += 1
+        return result.copy
+
+    def _announce(self, key: str) -> None:
+        assert self.on_new is not None
+        try:
+            self.on_new(key)
+        except Exception:
+            log.exception("on_new callback failed for %r", key)
+
+    def flush(self) -> None:
+        """Add the decisions counted since the last flush to the metrics."""
+        if self.unflushed_skipped:
+            self.metrics.limiter_skipped.inc(self.unflushed_skipped)
+            self.unflushed_skipped = 0
+        if self.unflushed_passed:
+            self.metrics.limiter_passed.inc(self.unflushed_passed)
+            self.unflushed_passed = 0
+
+    async def should_copy(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool:
+        """True: copy it. False: skip it (the copier acks it on the source). Never raises for bad input."""
+        verdict = self.check(subject, headers, payload)
+        if isinstance(verdict, Pending):
+            verdict = await self.settle(verdict)
+        self.flush()
+        return verdict

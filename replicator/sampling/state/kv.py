@@ -1,0 +1,581 @@
+"""`limiter_state: kv`: a JetStream KV bucket shared by every process of the topic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from array import array
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import nats.errors
+import nats.js.errors
+from nats.js import api
+
+from replicator.config.model import TopicConfig
+from replicator.observe.metrics import WorkerMetrics
+from replicator.sampling.state.memory import MemoryStore
+from replicator.sampling.state.protocol import Decide, Observation
+from replicator.sampling.state.records import PERSISTED, Sender, decode_key, decode_sender, encode_key, encode_sender
+from replicator.sampling.state.table import SenderTable
+from replicator.transport.jetstream import nothing_sent
+from replicator.transport.kv import EXPECT_LAST, WRONG_LAST_SEQUENCE, find_or_create_bucket
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
+
+log = logging.getLogger(__name__)
+
+
+_LOCAL_NEWER = 0x40  # kv cache only: this process saw the sender after the KV's last-seen time
+_DIRTY = 0x80  # kv cache only: a copy decided here while the KV was unreachable, not written yet
+KV_OP_TIMEOUT = 2.0
+_DELETE_OPS = ("DEL", "PURGE")
+
+
+# ---------------------------------------------------------------- KV store
+
+
+class _WrongRevision(Exception):
+    """Someone else wrote the key since we read it: reload and decide again."""
+
+
+async def ensure_bucket(js: JetStreamContext, bucket: str, *, ttl: float, description: str) -> api.StreamInfo:
+    """Find or create the limiter bucket; an existing one that forgets senders too soon is raised to `ttl`."""
+    info, existed = await find_or_create_bucket(js, bucket, ttl=ttl, description=description)
+    if existed and info.config.max_age and info.config.max_age < ttl:
+        log.warning("KV bucket %s keeps entries %ss, raising to %ss", bucket, info.config.max_age, ttl)
+        info.config.max_age = ttl
+        info = await js.update_stream(info.config)
+    return info
+
+
+class KVStore(MemoryStore):
+    """A JetStream KV bucket shared by every process of the topic, behind a local cache."""
+
+    kind = "kv"
+    local = False
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        bucket: str,
+        settings: TopicConfig,
+        metrics: WorkerMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        op_timeout: float = KV_OP_TIMEOUT,
+        load_timeout: float = 30.0,
+    ) -> None:
+        table = SenderTable(extra=(("rev", "Q"), ("kv_seen", "d")))
+        super().__init__(settings, metrics, clock=clock, table=table)
+        self.js = js
+        self.bucket = bucket
+        self.stream = f"KV_{bucket}"
+        self.prefix = f"$KV.{bucket}."
+        self.op_timeout = op_timeout
+        self.load_timeout = load_timeout
+        self.rev: array[int] = self.table.column("rev")
+        self.kv_seen: array[float] = self.table.column("kv_seen")
+        adv = settings.advisory_age
+        horizon = min(adv, self.age) if adv else self.age
+        # Seen refreshes only matter to the advisor: one is written just before the leader would
+        # otherwise believe the sender silent for the advisory age, never once per message.
+        self.refresh_seen = settings.advisory is not None
+        self.refresh_after = max(horizon - self.resolution, self.resolution)
+        self.bucket_ttl = self.age * 2
+        self.degraded = True
+        self._connected_once = False
+        self._direct = False
+        self._sub: Any = None
+        self._last_seq = 0
+        self._loaded = asyncio.Event()
+        self._claims: dict[str, asyncio.Future[None]] = {}
+        self._dirty: set[str] = set()
+        self._urgent: set[str] = set()
+        self._wake = asyncio.Event()
+
+    # -- life cycle
+    async def start(self) -> None:
+        try:
+            await self._connect()
+        except Exception as err:
+            self._fail(err, "KV state store unavailable at start")
+        self._tasks.append(asyncio.create_task(self._maintain(), name="kv-store"))
+        if not self.degraded:
+            try:
+                await asyncio.wait_for(self._loaded.wait(), self.load_timeout)
+            except TimeoutError:
+                log.warning("KV state %s still loading after %ss: continuing", self.bucket, self.load_timeout)
+
+    async def _connect(self) -> None:
+        await self._ensure_bucket()
+        await self._watch(None)
+        self._connected_once = True
+        self.degraded = False
+
+    async def _ensure_bucket(self) -> None:
+        info = await asyncio.wait_for(
+            ensure_bucket(
+                self.js, self.bucket, ttl=self.bucket_ttl,
+                description=f"stream-replicator limiter state of {self.settings.topic}",
+            ),
+            self.op_timeout * 3,
+        )
+        self._direct = bool(info.config.allow_direct)
+
+    async def close(self) -> None:
+        """Stop; write back decisions the KV has not seen (bounded: shutdown must not hang)."""
+        await super().close()
+        pending = self._dirty | self._urgent
+        if pending and not self.degraded:
+            try:
+                await asyncio.wait_for(self._flush(sorted(pending)), 5.0)
+            except Exception as err:
+                log.warning("KV state: %d local decisions not written back on close: %s", len(pending), err)
+        await self._unwatch()
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded.is_set()
+
+    # -- the watch: every process's writes reach every cache
+    async def _watch(self, from_seq: int | None) -> None:
+        await self._unwatch()
+        if from_seq is None:
+            self._loaded.clear()
+            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT)
+        else:
+            config = api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq
+            )
+        sub = await asyncio.wait_for(
+            self.js.subscribe(
+                self.prefix + ">",
+                stream=self.stream,
+                cb=self._on_watch,
+                ordered_consumer=True,
+                idle_heartbeat=2.0,
+                inactive_threshold=60.0,
+                config=config,
+            ),
+            self.op_timeout * 2,
+        )
+        self._sub = sub
+        info = await asyncio.wait_for(sub.consumer_info(), self.op_timeout)
+        if nothing_sent(info):
+            self._loaded.set()
+
+    async def _unwatch(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _on_watch(self, msg: Msg) -> None:
+        try:
+            meta = msg.metadata
+            seq = meta.sequence.stream
+            self._last_seq = max(self._last_seq, seq)
+            key = decode_key(msg.subject[len(self.prefix) :])
+            headers = msg.headers or {}
+            if headers.get("KV-Operation") in _DELETE_OPS or "Nats-Marker-Reason" in headers:
+                i = self.table.slot(key)
+                if i is not None and seq > self.rev[i]:
+                    self._drop(key)
+            else:
+                self._apply_remote(key, decode_sender(msg.data), seq)
+            if meta.num_pending == 0:
+                self._loaded.set()
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("ignoring a KV state entry on %s: %s", msg.subject, err)
+
+    def _apply_remote(self, key: str, rec: Sender, rev: int) -> None:
+        """Take a KV revision into the cache, keeping what only this process knows yet."""
+        t = self.table
+        i = t.slot(key)
+        if i is None:
+            i = t.put(key, rec)
+            self.rev[i] = rev
+            self.kv_seen[i] = rec.seen
+            if self._loaded.is_set() and self._worth_a_look(rec):
+                self._notify(key)
+            return
+        if rev <= self.rev[i]:
+            return
+        local_seen, local_copied, local_size = t.seen[i], t.copied[i], t.size[i]
+        dirty = t.flags[i] & _DIRTY
+        t.set(i, rec, keep_flags=_LOCAL_NEWER | _DIRTY)
+        self.rev[i] = rev
+        self.kv_seen[i] = rec.seen
+        if local_seen > rec.seen:
+            t.seen[i] = local_seen
+        else:
+            t.flags[i] &= ~_LOCAL_NEWER
+        if dirty and local_copied > rec.copied:
+            t.copied[i] = local_copied
+            t.size[i] = local_size
+        merged = t.sender_at(i)
+        if self._loaded.is_set() and self._worth_a_look(merged):
+            self._notify(key)
+
+    def _drop(self, key: str) -> None:
+        self.table.remove(key)
+        self._dirty.discard(key)
+        self._urgent.discard(key)
+
+    def _cached(self, key: str) -> tuple[Sender | None, int]:
+        i = self.table.slot(key)
+        if i is None:
+            return None, 0
+        return self.table.sender_at(i), self.rev[i]
+
+    def _tombstone(self, key: str, seq: int) -> tuple[Sender | None, int]:
+        """The KV holds no live entry: drop ours, unless it is a decision still to be written."""
+        i = self.table.slot(key)
+        if i is None:
+            return None, seq
+        if self.table.flags[i] & _DIRTY:
+            self.rev[i] = seq
+            return self.table.sender_at(i), seq
+        self._drop(key)
+        return None, seq
+
+    # -- KV operations: bounded in time; any failure but a wrong revision means "unavailable"
+    def _check_connected(self) -> None:
+        nc = getattr(self.js, "_nc", None)
+        if nc is not None and not nc.is_connected:
+            raise nats.errors.ConnectionClosedError
+
+    async def _publish(self, key: str, data: bytes, headers: dict[str, str]) -> int:
+        self._check_connected()
+        try:
+            ack = await asyncio.wait_for(
+                self.js.publish(self.prefix + encode_key(key), data, headers=headers), self.op_timeout
+            )
+        except nats.js.errors.APIError as err:
+            if err.err_code in WRONG_LAST_SEQUENCE:
+                raise _WrongRevision from err
+            raise
+        return int(ack.seq)
+
+    async def _write(self, key: str, sender: Sender, last: int) -> int:
+        return await self._publish(key, encode_sender(sender), {EXPECT_LAST: str(last)})
+
+    async def _fetch(self, key: str) -> tuple[Sender | None, int]:
+        """The KV's current entry merged into the cache, and the revision to compare against."""
+        self._check_connected()
+        try:
+            msg = await asyncio.wait_for(
+                self.js.get_msg(self.stream, subject=self.prefix + encode_key(key), direct=self._direct),
+                self.op_timeout,
+            )
+        except nats.js.errors.NotFoundError:
+            return self._tombstone(key, 0)
+        headers = msg.headers or {}
+        seq = int(msg.seq or 0)
+        if headers.get("KV-Operation") in _DELETE_OPS or "Nats-Marker-Reason" in headers:
+            return self._tombstone(key, seq)
+        self._apply_remote(key, decode_sender(msg.data), seq)
+        return self._cached(key)
+
+    def _fail(self, err: BaseException, what: str = "KV state store unavailable") -> None:
+        self.metrics.limiter_state_errors.inc()
+        if not self.degraded:
+            log.warning(
+                "%s (%s: %s): deciding from the local cache until it answers again",
+                what, type(err).__name__, err,
+            )
+        self.degraded = True
+        self._wake.set()
+
+    # -- the hot path
+    def live_slot(self, key: str, now: float) -> int | None:
+        if key in self._claims:
+            return None  # another worker here is claiming it: wait for its result in observe
+        return super().live_slot(key, now)
+
+    def touch(self, key: str, i: int, now: float) -> None:
+        """A skipped message: only the cache changes (the KV hears of it later, if it must)."""
+        t = self.table
+        if now > t.seen[i]:
+            t.seen[i] = now
+            if self.refresh_seen and now > self.kv_seen[i]:
+                t.flags[i] |= _LOCAL_NEWER
+        if t.adv[i] > 0 and self.refresh_seen:
+            self._urgent.add(key)  # the leader owes a `recover`: tell it now
+            self._wake.set()
+            self._notify(key)
+
+    def _record_locally(self, key: str, current: Sender | None, now: float, size: int) -> None:
+        """A copy decided without the KV: remembered here, written back when it answers."""
+        if current is None:
+            i = self.insert(key, now, size)
+        else:
+            i = self.table.put(key, replace(current, seen=max(current.seen, now), copied=now, size=size))
+        self.table.flags[i] |= _DIRTY
+        self._dirty.add(key)
+
+    async def observe(self, key: str, now: float, size: int, decide: Decide) -> Observation:
+        while (claim := self._claims.get(key)) is not None:
+            await asyncio.shield(claim)  # another worker here is claiming this sender: use its result
+        current, rev = self._cached(key)
+        if current is not None and now - current.seen >= self.age:
+            current = None
+        if not decide(current):
+            i = self.table.slot(key)
+            if i is not None:
+                self.touch(key, i, now)
+            return Observation(False, False)
+        if self.degraded:
+            self.metrics.limiter_state_errors.inc()
+            self._record_locally(key, current, now, size)
+            return Observation(True, current is None)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._claims[key] = future
+        try:
+            return await self._claim(key, now, size, decide, rev)
+        finally:
+            del self._claims[key]
+            future.set_result(None)
+
+    async def _claim(self, key: str, now: float, size: int, decide: Decide, rev: int) -> Observation:
+        """Compare-and-set the copy into the KV; a lost race re-decides on the winner's record."""
+        current = self._cached(key)[0]
+        for attempt in range(5):
+            fresh = current is None or now - current.seen >= self.age
+            if attempt and not decide(None if fresh else current):
+                i = self.table.slot(key)
+                if i is not None:
+                    self.touch(key, i, now)
+                return Observation(False, False)
+            if fresh or current is None:
+                record = Sender(first=now, seen=now, copied=now, size=size)
+            else:
+                record = replace(current, seen=max(current.seen, now), copied=now, size=size)
+            try:
+                new_rev = await self._write(key, record, rev)
+            except _WrongRevision:
+                try:
+                    current, rev = await self._fetch(key)
+                except Exception as err:
+                    self._fail(err)
+                    self._record_locally(key, None if fresh else current, now, size)
+                    return Observation(True, fresh)
+                continue
+            except Exception as err:
+                self._fail(err)
+                self._record_locally(key, None if fresh else current, now, size)
+                return Observation(True, fresh)
+            self._written(key, record, new_rev)
+            if fresh:
+                self._notify(key)
+            return Observation(True, fresh)
+        log.warning("sender %r: KV contention did not settle in 5 tries: copying", key)
+        self.metrics.limiter_state_errors.inc()
+        return Observation(True, False)
+
+    def _written(self, key: str, record: Sender, rev: int) -> None:
+        """Our write landed as `rev`: the cache takes it, keeping any later local sighting."""
+        t = self.table
+        i = t.slot(key)
+        local_seen = t.seen[i] if i is not None else 0.0
+        i = t.put(key, record)
+        flags = t.flags[i] & ~(_DIRTY | _LOCAL_NEWER)
+        if local_seen > record.seen:
+            t.seen[i] = local_seen
+            if self.refresh_seen:
+                flags |= _LOCAL_NEWER
+        t.flags[i] = flags
+        self.rev[i] = rev
+        self.kv_seen[i] = record.seen
+        self._dirty.discard(key)
+
+    # -- write-backs: seen refreshes, advisory marks, decisions made while degraded
+    async def _push(self, key: str, change: Callable[[Sender], Sender] | None = None) -> bool:
+        """Write this process's view of `key` (changed by `change`) with compare-and-set."""
+        for _ in range(5):
+            current, rev = self._cached(key)
+            if current is None:
+                return False
+            if change is None and not current.flags & (_DIRTY | _LOCAL_NEWER):
+                return True  # nothing the KV does not know
+            record = change(current) if change else current
+            try:
+                new_rev = await self._write(key, record, rev)
+            except _WrongRevision:
+                await self._fetch(key)
+                continue
+            self._written(key, record, new_rev)
+            return True
+        return False
+
+    async def _flush(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 64):
+            batch = keys[start : start + 64]
+            results = await asyncio.gather(*(self._push(k) for k in batch), return_exceptions=True)
+            for key, result in zip(batch, results, strict=True):
+                if isinstance(result, BaseException):
+                    self._fail(result)
+                    return
+                self._urgent.discard(key)
+
+    async def _due_refreshes(self, now: float) -> list[str]:
+        t = self.table
+        due = []
+        cutoff = now - self.refresh_after
+        for n, key in enumerate(t.keys()):
+            i = t.slot(key)
+            if i is not None and t.flags[i] & _LOCAL_NEWER and self.kv_seen[i] <= cutoff:
+                due.append(key)
+            if n % 5000 == 4999:
+                await asyncio.sleep(0)
+        return due
+
+    async def _maintain(self) -> None:
+        last_scan = 0.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            self._wake.clear()
+            try:
+                if self.degraded:
+                    await self._recover()
+                    if self.degraded:
+                        await asyncio.sleep(min(1.0, self.interval * 4))
+                    continue
+                if self._urgent:
+                    await self._flush(sorted(self._urgent))
+                mono = time.monotonic()
+                if mono - last_scan >= self.interval:
+                    last_scan = mono
+                    now = self.clock()
+                    if self.refresh_seen:
+                        await self._flush(await self._due_refreshes(now))
+                    await self.scrub(now)
+            except Exception:
+                log.exception("KV state store maintenance failed")
+
+    async def _recover(self) -> None:
+        """Once the KV answers: resume the watch where it stopped, then write local decisions back."""
+        try:
+            if not self._connected_once:
+                await self._connect()
+            else:
+                self._check_connected()
+                try:
+                    info = await asyncio.wait_for(self.js.stream_info(self.stream), self.op_timeout)
+                    lost = info.state.last_seq < self._last_seq  # deleted and created again meanwhile
+                except nats.js.errors.NotFoundError:
+                    lost = True
+                    log.warning("KV state bucket %s is gone: creating it again", self.bucket)
+                    await self._ensure_bucket()
+                if lost:
+                    self._rewrite_all()
+                    self._last_seq = 0
+                    await self._watch(None)
+                else:
+                    await self._watch(self._last_seq + 1)
+                self.degraded = False
+        except Exception as err:
+            log.debug("KV state store still unavailable: %s", err)
+            return
+        log.info(
+            "KV state store %s is back: writing back %d local decisions", self.bucket, len(self._dirty)
+        )
+        await self._flush(sorted(self._dirty | self._urgent))
+
+    def _rewrite_all(self) -> None:
+        """The bucket lost its history: every cached sender is a decision to write back, against
+        the new bucket's revisions (none yet)."""
+        t = self.table
+        for i in t.index.values():
+            self.rev[i] = 0
+            t.flags[i] |= _DIRTY
+        self._dirty = set(t.index)
+
+    async def scrub(self, now: float) -> int:
+        removed = await super().scrub(now)
+        if removed:
+            self._dirty.intersection_update(self.table.index)
+            self._urgent.intersection_update(self.table.index)
+        return removed
+
+    # -- the advisor's side
+    async def refresh(self, key: str) -> Sender | None:
+        if not self.degraded:
+            try:
+                return (await self._fetch(key))[0]
+            except Exception as err:
+                self._fail(err)
+        return self.table.get(key)
+
+    async def annotate(self, key: str, *, adv: float | None = None, flags: int | None = None) -> bool:
+        def change(s: Sender) -> Sender:
+            return replace(
+                s,
+                adv=s.adv if adv is None else adv,
+                flags=s.flags if flags is None else (s.flags & ~PERSISTED) | (flags & PERSISTED),
+            )
+
+        if self.degraded:
+            return False
+        try:
+            return await self._push(key, change)
+        except Exception as err:
+            self._fail(err)
+            return False
+
+    async def forget(self, key: str, expected: Sender) -> bool:
+        current, rev = self._cached(key)
+        if current is None:
+            return True
+        if self.degraded or current.seen != expected.seen or current.first != expected.first:
+            return False
+        try:
+            await self._publish(key, b"", {"KV-Operation": "DEL", EXPECT_LAST: str(rev)})
+        except _WrongRevision:
+            with contextlib.suppress(Exception):
+                await self._fetch(key)
+            return False
+        except Exception as err:
+            self._fail(err)
+            return False
+        self._drop(key)
+        return True
+
+
+async def read_kv_state(js: JetStreamContext, bucket: str, *, wait: float = 30.0) -> dict[str, Sender]:
+    """Every sender in a topic's bucket (for the `state` command): one pass of an ordered consumer."""
+    out: dict[str, Sender] = {}
+    done = asyncio.Event()
+    prefix = f"$KV.{bucket}."
+
+    async def on_msg(msg: Msg) -> None:
+        headers = msg.headers or {}
+        key = decode_key(msg.subject[len(prefix) :])
+        if headers.get("KV-Operation") in _DELETE_OPS or "Nats-Marker-Reason" in headers:
+            out.pop(key, None)
+        else:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                out[key] = decode_sender(msg.data)
+        if msg.metadata.num_pending == 0:
+            done.set()
+
+    sub = await js.subscribe(
+        prefix + ">",
+        stream=f"KV_{bucket}",
+        cb=on_msg,
+        ordered_consumer=True,
+        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT),
+    )
+    try:
+        if not nothing_sent(await sub.consumer_info()):
+            await asyncio.wait_for(done.wait(), wait)
+    finally:
+        await sub.unsubscribe()
+    return out

@@ -1,0 +1,48 @@
+"""What the limiter and the advisor need from a state store, whichever kind it is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from replicator.sampling.state.records import Sender
+from replicator.sampling.state.table import SenderTable
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    copy: bool
+    new: bool
+
+
+Decide = Callable[[Sender | None], bool]
+"""The limiter's rule, given the sender's live record (None: new or forgotten, must return True)."""
+Listener = Callable[[str], None]
+"""Called with a sender the advisor may need to look at (new, or back after a timeout)."""
+
+
+class StateStore(Protocol):
+    """What the limiter and the advisor need from a store. One instance per process."""
+
+    kind: str
+    resolution: float
+    table: SenderTable
+    local: bool
+    """True: only this process decides, so `insert` and `copied_now` may record copies at once;
+    False (KV): copies are claimed through `observe`."""
+
+    def __len__(self) -> int: ...
+    def live_slot(self, key: str, now: float) -> int | None: ...
+    def touch(self, key: str, i: int, now: float) -> None: ...
+    def insert(self, key: str, now: float, size: int) -> int: ...
+    def copied_now(self, key: str, i: int, now: float, size: int) -> None: ...
+    def get(self, key: str) -> Sender | None: ...
+    def keys(self) -> list[str]: ...
+    def add_listener(self, listener: Listener) -> None: ...
+    async def observe(self, key: str, now: float, size: int, decide: Decide) -> Observation: ...
+    async def refresh(self, key: str) -> Sender | None: ...
+    async def annotate(self, key: str, *, adv: float | None = None, flags: int | None = None) -> bool: ...
+    async def forget(self, key: str, expected: Sender) -> bool: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...

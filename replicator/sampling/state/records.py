@@ -1,0 +1,110 @@
+"""A tracked sender, the store protocol, and how senders are named and encoded in files and KV."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+
+from replicator.config.model import Profile, TopicConfig
+
+ANNOUNCED = 0x01
+"""Persisted flag: the `new` advisory of this life of the sender went out."""
+PERSISTED = 0x0F
+
+
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """One tracked sender. Times are unix seconds; `adv` is the last-seen time a `timeout`
+    advisory was sent for (0: not timed out), so it doubles as that episode's identity."""
+
+    first: float
+    seen: float
+    copied: float
+    size: int
+    adv: float = 0.0
+    flags: int = 0
+
+    @property
+    def announced(self) -> bool:
+        return bool(self.flags & ANNOUNCED)
+
+
+# ---------------------------------------------------------------- timing and naming
+
+
+def resolution(settings: TopicConfig) -> float:
+    """Precision of last-seen times shared between processes, and the advisor's step.
+
+    A tenth of the shortest age that matters (advisory age, else the topic's age), within
+    0.1 s .. 60 s: timeouts stay within 10% while a sender's last-seen time is written to the
+    KV about once per advisory age instead of once per message.
+    """
+    age = float(settings.age or 0)
+    adv = settings.advisory_age
+    horizon = min(adv, age) if adv else age
+    return min(max(horizon / 10, 0.1), 60.0)
+
+
+def scan_interval(settings: TopicConfig) -> float:
+    """How often stores scrub and flush and the advisor scans: half a resolution, at most 10 s."""
+    return min(resolution(settings) / 2, 10.0)
+
+
+def limiter_bucket(profile: Profile) -> str:
+    """The KV bucket of a topic: named after the consumer every worker and pod shares."""
+    return "SR_LIMITER_" + re.sub(r"[^A-Za-z0-9_-]", "_", profile.consumer_name)
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_/-][A-Za-z0-9_/=-]*(\.[A-Za-z0-9_/=-]+)*$")
+
+
+def encode_key(value: str) -> str:
+    """A sender value as a KV key: readable when it is a valid key, else `=` + base64url."""
+    if _PLAIN_KEY.match(value):
+        return value
+    raw = value.encode("utf-8", "surrogatepass")
+    return "=" + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_key(key: str) -> str:
+    if not key.startswith("="):
+        return key
+    body = key[1:]
+    return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode("utf-8", "surrogatepass")
+
+
+def encode_sender(sender: Sender) -> bytes:
+    return json.dumps(
+        {
+            "first": round(sender.first, 3),
+            "seen": round(sender.seen, 3),
+            "copied": round(sender.copied, 3),
+            "size": sender.size,
+            "adv": round(sender.adv, 3),
+            "flags": sender.flags & PERSISTED,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_sender(data: bytes | None) -> Sender:
+    """Raises ValueError (or KeyError/TypeError) for a value this version did not write."""
+    doc = json.loads(data or b"")
+    return Sender(
+        first=float(doc["first"]),
+        seen=float(doc["seen"]),
+        copied=float(doc["copied"]),
+        size=int(doc["size"]),
+        adv=float(doc.get("adv", 0.0)),
+        flags=int(doc.get("flags", 0)) & PERSISTED,
+    )
+
+
+# ---------------------------------------------------------------- compact table
+
+
+def size32(size: int) -> int:
+    """A payload size as the table's unsigned 32-bit column holds it."""
+    return max(0, min(size, 0xFFFFFFFF))

@@ -1,0 +1,109 @@
+"""The sender table: parallel array columns behind one dict, about 200 bytes per sender."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+from typing import Any
+
+from replicator.sampling.state.records import PERSISTED, Sender, size32
+
+
+class SenderTable:
+    """Senders as parallel columns; a dict maps each value to its row. Freed rows are reused."""
+
+    def __init__(self, extra: Iterable[tuple[str, str]] = ()) -> None:
+        self.index: dict[str, int] = {}
+        self._free = array("q")
+        self.first: array[float] = array("d")
+        self.seen: array[float] = array("d")
+        self.copied: array[float] = array("d")
+        self.adv: array[float] = array("d")
+        self.size: array[int] = array("I")
+        self.flags: array[int] = array("B")
+        self._columns: dict[str, array[Any]] = {
+            "first": self.first,
+            "seen": self.seen,
+            "copied": self.copied,
+            "adv": self.adv,
+            "size": self.size,
+            "flags": self.flags,
+        }
+        self._extra: list[array[Any]] = []
+        for name, code in extra:
+            self._columns[name] = array(code)
+            self._extra.append(self._columns[name])
+
+    def column(self, name: str) -> array[Any]:
+        return self._columns[name]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.index
+
+    def slot(self, key: str) -> int | None:
+        return self.index.get(key)
+
+    def sender_at(self, i: int) -> Sender:
+        return Sender(self.first[i], self.seen[i], self.copied[i], self.size[i], self.adv[i], self.flags[i])
+
+    def get(self, key: str) -> Sender | None:
+        i = self.index.get(key)
+        return None if i is None else self.sender_at(i)
+
+    def set(self, i: int, s: Sender, *, keep_flags: int = 0) -> None:
+        self.first[i] = s.first
+        self.seen[i] = s.seen
+        self.copied[i] = s.copied
+        self.adv[i] = s.adv
+        self.size[i] = size32(s.size)
+        self.flags[i] = (s.flags & 0xFF & ~keep_flags) | (self.flags[i] & keep_flags)
+
+    def put(self, key: str, s: Sender) -> int:
+        """Insert or overwrite; extra columns of a new row start at 0."""
+        i = self.index.get(key)
+        if i is None:
+            if self._free:
+                i = self._free.pop()
+                for col in self._columns.values():
+                    col[i] = 0
+            else:
+                i = len(self.first)
+                for col in self._columns.values():
+                    col.append(0)
+            self.index[key] = i
+        self.set(i, s)
+        return i
+
+    def add(self, key: str, now: float, size: int) -> int:
+        """A new sender first seen and copied `now`: `put` without building a Sender (hot path)."""
+        if key in self.index or self._free:
+            return self.put(key, Sender(first=now, seen=now, copied=now, size=size))
+        i = len(self.first)
+        self.first.append(now)
+        self.seen.append(now)
+        self.copied.append(now)
+        self.adv.append(0.0)
+        self.size.append(size32(size))
+        self.flags.append(0)
+        for col in self._extra:
+            col.append(0)
+        self.index[key] = i
+        return i
+
+    def remove(self, key: str) -> bool:
+        i = self.index.pop(key, None)
+        if i is None:
+            return False
+        self._free.append(i)
+        return True
+
+    def keys(self) -> list[str]:
+        return list(self.index)
+
+    def snapshot(self) -> dict[str, list[float | int]]:
+        """Rows as `value: [first, seen, copied, size, adv, flags]`, the state file's layout."""
+        f, s, c, z, a, g = self.first, self.seen, self.copied, self.size, self.adv, self.flags
+        return {k: [f[i], s[i], c[i], z[i], a[i], g[i] & PERSISTED] for k, i in self.index.items()}

@@ -1,0 +1,1 @@
+"""Composition: one running profile (connections, streams, copy loops, sampling plane, monitor)."""

@@ -1,0 +1,202 @@
+"""Runs one profile: connections per worker, streams, the copy loops, the monitor, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+
+from replicator.config.model import Profile
+from replicator.copier.control import Stopper
+from replicator.copier.endpoints import Endpoints
+from replicator.copier.ordered import OrderedCopier
+from replicator.copier.scaled import ScaledWorker
+from replicator.observe.metrics import Metrics, WorkerMetrics
+from replicator.observe.monitor import MonitorServer
+from replicator.sampling.election import LeaderElection
+from replicator.service.sampling_plane import SamplingPlane
+from replicator.transport.connections import ConnectError, connect
+from replicator.transport.streams import StreamSetupError, ensure_target_stream, find_source_stream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerState:
+    name: str
+    source: Client | None = None
+    target: Client | None = None
+    bound: bool = False
+    standby: bool = False
+
+    @property
+    def ready(self) -> bool:
+        connected = bool(self.source and self.source.is_connected and self.target and self.target.is_connected)
+        return connected and (self.bound or self.standby)
+
+
+@dataclass
+class Replicator:
+    """One topic profile in one process: `run()` until `stop()` (or SIGTERM/SIGINT via `install_signals`)."""
+
+    profile: Profile
+    metrics: Metrics = field(default_factory=Metrics)
+    stopper: Stopper = field(default_factory=Stopper)
+    monitor_port: int | None = None
+
+    def __post_init__(self) -> None:
+        self.workers = [WorkerState(name) for name in self.profile.worker_names()]
+        self.monitor: MonitorServer | None = None
+        self.loops: list[OrderedCopier | ScaledWorker] = []
+        self.sampling: SamplingPlane | None = None
+        if self.monitor_port is None:
+            self.monitor_port = self.profile.settings.monitor
+
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        detail = {w.name: ("ready" if w.ready else "not ready") for w in self.workers}
+        return bool(self.workers) and all(w.ready for w in self.workers), {"workers": detail}
+
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    def stop(self) -> None:
+        if not self.stopper.stopping:
+            log.info("stopping: finishing in-flight messages")
+        self.stopper.stop()
+        for loop in self.loops:
+            loop.stopper.stop()
+
+    async def run(self) -> None:
+        settings = self.profile.settings
+        if settings.source_cluster_id or settings.target_cluster_id:
+            log.warning("source_cluster_id/target_cluster_id are NATS Streaming settings: used only in "
+                        "default names, otherwise ignored")
+        if self.monitor_port is not None:
+            self.monitor = MonitorServer(self.metrics.registry, self.readiness, self.monitor_port)
+            await self.monitor.start()
+            log.info("monitor on port %d: /metrics /healthz /readyz", self.monitor.port)
+        try:
+            await self._run_workers()
+        finally:
+            for w in self.workers:
+                for nc in (w.source, w.target):
+                    if nc is not None and not nc.is_closed:
+                        with contextlib.suppress(Exception):
+                            await nc.drain()
+            if self.monitor is not None:
+                await self.monitor.stop()
+
+    async def _run_workers(self) -> None:
+        name = self.profile.metrics_name
+        worker_metrics = [self.metrics.worker(name, w.name) for w in self.workers]
+        try:
+            for w, m in zip(self.workers, worker_metrics, strict=True):
+                w.source = await connect(self.profile, "source", w.name, m, stopping=lambda: self.stopper.stopping)
+                w.target = await connect(self.profile, "target", w.name, m, stopping=lambda: self.stopper.stopping)
+                m.leader.set(1)
+        except ConnectError:
+            if self.stopper.stopping:  # a stop while still connecting is a clean stop
+                return
+            raise
+        first = self.workers[0]
+        assert first.source and first.target
+        source_stream, target_stream = await self._streams(first.source, first.target)
+        if self.stopper.stopping:
+            return
+        try:
+            self.sampling = await SamplingPlane.create(self.profile, first.source, first.target, worker_metrics,
+                                                       self.stopper)
+        except ConnectError:
+            if self.stopper.stopping:
+                return
+            raise
+        try:
+            if self.profile.settings.ordered:
+                await self._run_ordered(first, worker_metrics[0], source_stream, target_stream)
+            else:
+                await self._run_scaled(worker_metrics, source_stream, target_stream)
+        finally:
+            await self.sampling.close()
+
+    async def _streams(self, source: Client, target: Client) -> tuple[str, str]:
+        delay = 0.5
+        while True:
+            try:
+                source_stream = await find_source_stream(source.jetstream(), self.profile.settings)
+                target_stream = await ensure_target_stream(source.jetstream(), target.jetstream(),
+                                                           self.profile.settings, source_stream)
+                return source_stream, target_stream
+            except StreamSetupError as err:
+                log.error("%s (retrying)", err)
+            except Exception as err:
+                log.warning("stream set-up failed: %s (retrying)", err)
+            if self.stopper.stopping:
+                raise StreamSetupError("stopped before the streams were ready")
+            await self.stopper.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    def _endpoints(self, w: WorkerState, m: WorkerMetrics, source_stream: str, target_stream: str) -> Endpoints:
+        assert w.source and w.target
+
+        def ready(flag: bool) -> None:
+            w.bound = flag
+
+        limiter = self.sampling.limiter_for(m) if self.sampling else None
+        return Endpoints(self.profile, w.source, w.target, source_stream, target_stream, w.name, m,
+                         limiter=limiter, ready=ready)
+
+    async def _run_ordered(self, w: WorkerState, m: WorkerMetrics, source_stream: str, target_stream: str) -> None:
+        """Copy while leader (always, without election); a standby waits and takes over.
+
+        On losing the lease the copier is cancelled, not drained: a standby may take over a quarter
+        TTL later and must find no old leader still publishing. What was in flight either landed
+        (and the new leader resumes after it) or fails the new leader's chain check.
+        """
+        assert self.sampling is not None
+        election = self.sampling.copy_election
+        if election is None:
+            copier = OrderedCopier(self._endpoints(w, m, source_stream, target_stream), stopper=self.stopper)
+            self.loops = [copier]
+            await copier.run()
+            return
+        while not self.stopper.stopping:
+            w.standby = True
+            m.leader.set(0)
+            await self._until_leader(election)
+            if self.stopper.stopping:
+                break
+            w.standby = False
+            log.info("%s is the leader: copying", w.name)
+            copier = OrderedCopier(self._endpoints(w, m, source_stream, target_stream))
+            self.loops = [copier]
+            if self.stopper.stopping:
+                copier.stopper.stop()
+            run = asyncio.ensure_future(copier.run())
+            lost = asyncio.ensure_future(election.wait_lost())
+            await asyncio.wait([lost, run], return_when=asyncio.FIRST_COMPLETED)
+            if not run.done():
+                log.warning("%s lost leadership: stopping the copier at once", w.name)
+                run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+            lost.cancel()
+
+    async def _until_leader(self, election: LeaderElection) -> None:
+        leader = asyncio.ensure_future(election.wait_leader())
+        stopping = asyncio.ensure_future(self.stopper.event.wait())
+        await asyncio.wait([leader, stopping], return_when=asyncio.FIRST_COMPLETED)
+        for task in (leader, stopping):
+            task.cancel()
+
+    async def _run_scaled(self, metrics: list[WorkerMetrics], source_stream: str, target_stream: str) -> None:
+        self.loops = [
+            ScaledWorker(self._endpoints(w, m, source_stream, target_stream), stopper=self.stopper)
+            for w, m in zip(self.workers, metrics, strict=True)
+        ]
+        await asyncio.gather(*(loop.run() for loop in self.loops))

@@ -1,0 +1,98 @@
+"""Wires the sampling plane (limiter state, limiters, advisories, election) into a running profile.
+
+One per process: one state store shared by all workers, one limiter per worker, one advisor that
+only the elected leader runs, and the election itself on a control connection of its own so lease
+renewals never queue behind copy traffic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+
+from replicator.config.model import Profile
+from replicator.copier.control import Stopper
+from replicator.copier.endpoints import Decider
+from replicator.observe.metrics import WorkerMetrics
+from replicator.sampling.advisories import Advisor
+from replicator.sampling.election import LeaderElection, election_bucket, election_key
+from replicator.sampling.limiter import Limiter
+from replicator.sampling.state import open_store
+from replicator.sampling.state.protocol import StateStore
+from replicator.transport.connections import connect
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplingPlane:
+    profile: Profile
+    control: Client | None = None
+    store: StateStore | None = None
+    election: LeaderElection | None = None
+    advisor: Advisor | None = None
+
+    @property
+    def copy_election(self) -> LeaderElection | None:
+        """The election that gates copying (ordered hot standby); in scaled mode it gates advising only."""
+        return self.election if self.profile.settings.leader_election else None
+
+    @classmethod
+    async def create(cls, profile: Profile, source: Client, target: Client, metrics: list[WorkerMetrics],
+                     stopper: Stopper) -> SamplingPlane:
+        settings = profile.settings
+        # With KV state several processes see the same senders: only one of them may advise.
+        elect = settings.leader_election or bool(settings.advisory and settings.limiter_state == "kv")
+        plane = cls(profile)
+        if not settings.sampling and not elect:
+            return plane
+        instance = f"_{profile.instance}" if profile.instance else ""
+        plane.control = await connect(profile, "source", f"{profile.base_name}{instance}_control", metrics[0],
+                                      stopping=lambda: stopper.stopping)
+        js = plane.control.jetstream()
+        if settings.sampling:
+            plane.store = await open_store(profile, js, metrics[0])
+        if settings.advisory:
+            publish_nc = plane.control if settings.advisory.cluster == "source" else target
+            plane.advisor = Advisor(profile, plane.store, publish_nc, metrics[0],  # type: ignore[arg-type]
+                                    replicator_name=profile.metrics_name)
+            await plane.advisor.start()
+        if elect:
+            identity = f"{socket.gethostname()}:{os.getpid()}:{profile.instance or '-'}"
+            role = "" if settings.leader_election else "advisor"
+            plane.election = LeaderElection(js, election_bucket(settings.leader_election_ttl),
+                                            election_key(profile, role), identity,
+                                            settings.leader_election_ttl, metrics[0])
+            if plane.advisor is not None:
+                plane.election.on_change(plane.advisor.set_active)
+            await plane.election.start()
+        elif plane.advisor is not None:
+            plane.advisor.set_active(True)
+        return plane
+
+    def limiter_for(self, metrics: WorkerMetrics) -> Decider | None:
+        if self.store is None:
+            return None
+        return Limiter(self.profile.settings, self.store, metrics)
+
+    async def close(self) -> None:
+        """After the copiers stopped: release leadership, stop advising, save state, disconnect."""
+        if self.election is not None:
+            with contextlib.suppress(Exception):
+                await self.election.stop()
+        if self.advisor is not None:
+            with contextlib.suppress(Exception):
+                await self.advisor.stop()
+        if self.store is not None:
+            try:
+                await self.store.close()
+            except Exception as err:
+                log.warning("limiter state not saved: %s", err)
+        if self.control is not None and not self.control.is_closed:
+            with contextlib.suppress(Exception):
+                await self.control.drain()

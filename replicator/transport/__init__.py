@@ -1,0 +1,1 @@
+"""NATS plumbing: connections (TLS, credentials, reconnects), raw JetStream primitives, stream set-up."""

@@ -1,0 +1,275 @@
+"""NATS connections per side: URL lists, credentials, TLS (manual or Puppet layout), reconnect forever."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+from collections.abc import Callable
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+
+from replicator.config.model import Profile, TLSConfig, redact_url
+from replicator.observe.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+Side = Literal["source", "target"]
+
+
+class ConnectError(Exception):
+    """A connection that cannot succeed as configured (bad TLS material, refused credentials)."""
+
+
+def tls_context(tls: TLSConfig) -> ssl.SSLContext:
+    ca, cert, key = tls.files()
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+        if cert and key:
+            ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as err:
+        raise ConnectError(f"TLS files unusable ({ca or '-'}, {cert or '-'}, {key or '-'}): {err}") from None
+    if tls.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
+    settings = profile.settings
+    urls = (settings.source_url if side == "source" else settings.target_url).split(",")
+    opts: dict[str, Any] = {
+        "servers": urls,
+        "name": name,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 1,
+        "connect_timeout": 5,
+        "ping_interval": 5,
+        "max_outstanding_pings": 3,
+        "pending_size": 32 * 1024 * 1024,
+        # Subjects come from JetStream and the config, already valid; validating each costs a regex.
+        "skip_subject_validation": True,
+    }
+    opts["servers"], auth = split_userinfo(urls)
+    opts.update(auth)
+    creds = profile.credentials_for(side)
+    if creds:
+        opts["user_credentials"] = creds
+    tls = profile.tls_for(side)
+    if tls:
+        try:
+            opts["tls"] = tls_context(tls)
+        except ConnectError as err:
+            raise ConnectError(f"{side} {err}") from None
+        opts["servers"] = [u.replace("nats://", "tls://", 1) for u in opts["servers"]]
+    return opts
+
+
+def split_userinfo(urls: list[str]) -> tuple[list[str], dict[str, str]]:
+    """URLs without `user:password@` / `token@`, and that userinfo, percent-decoded, as options.
+
+    nats-py sends URL userinfo as written, so a password with `@ / # ? %` (percent-encoded, as
+    URLs require) could never authenticate. Done only when every URL carries the same userinfo
+    (one cluster, one identity); otherwise the URLs are left to nats-py as they are.
+    """
+    try:
+        parts = [urlsplit(u) for u in urls]
+        infos = {(p.username, p.password) for p in parts}
+    except ValueError:
+        return urls, {}
+    if len(infos) != 1:
+        return urls, {}
+    user, password = infos.pop()
+    if user is None:
+        return urls, {}
+    clean = [p._replace(netloc=p.netloc.rsplit("@", 1)[1]).geturl() for p in parts]
+    if password is None:
+        return clean, {"token": unquote(user)}
+    return clean, {"user": unquote(user), "password": unquote(password)}
+
+
+class _Client(Client):
+    """nats-py's client, refusing to send CONNECT (and so credentials) in plaintext when TLS is configured.
+
+    nats-py upgrades to TLS only when the server's INFO asks for it: a server without TLS, or a man
+    in the middle posing as one, would otherwise get the user, password or token in the clear.
+    """
+
+    require_tls = False
+
+    def _connect_command(self) -> bytes:
+        server = self._current_server
+        plain = server is not None and server.uri.scheme in ("nats", "tls")
+        if self.require_tls and plain and not self.options.get("tls_handshake_first"):
+            if not (self._server_info or {}).get("tls_required"):
+                raise nats.errors.Error(f"nats: {PLAINTEXT_REFUSED}")
+        return super()._connect_command()
+
+
+PLAINTEXT_REFUSED = "TLS is configured but the server does not offer TLS (refusing to connect in plaintext)"
+_TRANSIENT_SSL = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError,
+                  ssl.SSLSyscallError)
+_CREDENTIAL_HINTS = ("authorization violation", "authentication expired", "authentication revoked")
+_URL_HINTS = ("invalid connect url", "invalid hostname in connect url", "mixing of websocket")
+
+
+def permanent_reason(err: BaseException) -> str | None:
+    """Why retrying cannot help (certificates, credentials, a TLS downgrade), or None if it might.
+
+    Used only for the first connect: a process whose certificate expired or whose password is wrong
+    must fail at start with one clear line, not retry in silence forever.
+    """
+    if isinstance(err, ssl.SSLCertVerificationError):
+        detail = err.verify_message or err.reason or str(err)
+        return f"TLS: cannot verify the server's certificate ({detail}); check the CA (tls.ca / ssl_dir)"
+    if isinstance(err, ssl.SSLError) and not isinstance(err, _TRANSIENT_SSL):
+        reason = (err.reason or str(err)).lower().replace("_", " ")
+        if "alert" in reason:  # the server ended the handshake, e.g. "sslv3 alert certificate expired"
+            alert = reason.split("alert", 1)[1].strip()
+            if "certificate" in alert or alert.endswith(" ca"):
+                return f"TLS: the server rejected our client certificate ({alert}); check tls.cert / tls.key"
+            return f"TLS: the server refused the handshake ({alert})"
+        return f"TLS handshake failed ({reason})"
+    if isinstance(err, ImportError):  # nats-py imports nkeys only when a credentials file is used
+        return f"credentials need the Python package {err.name or 'nkeys'!r} (pip install 'nats-py[nkeys]')"
+    text = str(err).lower()
+    if PLAINTEXT_REFUSED.lower() in text:
+        return PLAINTEXT_REFUSED
+    if any(hint in text for hint in _URL_HINTS):
+        return f"the URL cannot be used ({err}); check it (user:password must be percent-encoded)"
+    if any(hint in text for hint in _CREDENTIAL_HINTS):
+        return ("the server refused the credentials (authorization violation); check the URL's "
+                "user/password or token, or the credentials file")
+    return None
+
+
+async def connect(
+    profile: Profile,
+    side: Side,
+    name: str,
+    metrics: WorkerMetrics | None = None,
+    *,
+    stopping: Callable[[], bool] = lambda: False,
+    on_change: Callable[[], None] | None = None,
+) -> Client:
+    """Connect, retrying the first connect until it works, is hopeless, or we are stopping.
+
+    nats-py retries a first connect forever by itself (we ask it to reconnect forever), reporting
+    each failure only to `error_cb`. So failures are judged there: certificate, TLS and credential
+    problems (on every configured server) end the attempt with a `ConnectError` naming the side and
+    the problem; anything else (refused, timeouts, a server still starting) keeps retrying. A stop
+    request also ends the attempt. Later disconnects are handled by the client's own reconnect loop.
+    """
+    attempt = _FirstConnect(profile, side, name, metrics, on_change)
+    attempt.stopping = stopping
+    delay = 0.5
+    while True:
+        nc = await attempt.run(stopping)
+        if nc is not None:
+            return nc
+        if stopping():
+            raise ConnectError(f"{side} connection to {attempt.where}: stopped before connecting")
+        await asyncio.sleep(delay * (0.75 + random.random() / 2))
+        delay = min(delay * 2, 10.0)
+
+
+class _FirstConnect:
+    """One profile side's connection: callbacks for its whole life, judgement of its first connect."""
+
+    def __init__(self, profile: Profile, side: Side, name: str, metrics: WorkerMetrics | None,
+                 on_change: Callable[[], None] | None) -> None:
+        self.opts = connect_options(profile, side, name)
+        self.where = ", ".join(redact_url(u) for u in self.opts["servers"])
+        self.require_tls = profile.tls_for(side) is not None
+        self.side, self.name, self.metrics, self.on_change = side, name, metrics, on_change
+        self.stopping: Callable[[], bool] = lambda: False
+        self.connected = False
+        self.permanent = 0
+        self.fatal: asyncio.Future[str] | None = None
+
+    async def run(self, stopping: Callable[[], bool]) -> Client | None:
+        """The connected client; None if nats-py gave up by itself (retry); ConnectError if hopeless."""
+        nc = _Client()
+        nc.require_tls = self.require_tls
+        self.permanent = 0
+        self.fatal = fatal = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(nc.connect(
+            **self.opts, error_cb=self.error_cb, disconnected_cb=self.disconnected_cb,
+            reconnected_cb=self.reconnected_cb, closed_cb=self.closed_cb,
+        ))
+        try:
+            while not task.done():
+                await asyncio.wait({task, fatal}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    break
+                if fatal.done():
+                    raise ConnectError(f"{self.side} connection to {self.where} failed: {fatal.result()}")
+                if stopping():
+                    raise ConnectError(f"{self.side} connection to {self.where}: stopped before connecting")
+        except BaseException:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise
+        err = task.exception()
+        if err is None:
+            self.connected = True
+            return nc
+        with contextlib.suppress(Exception):
+            await nc.close()
+        reason = permanent_reason(err)
+        if reason is not None:
+            raise ConnectError(f"{self.side} connection to {self.where} failed: {reason}") from None
+        if self.metrics:
+            self.metrics.errors.inc()
+        log.warning("%s connection to %s failed: %s (retrying)", self.side, self.where, _describe(err))
+        return None
+
+    async def error_cb(self, err: Exception) -> None:
+        if self.metrics:
+            self.metrics.errors.inc()
+        reason = None if self.connected else permanent_reason(err)
+        if reason is None:
+            log.warning("%s connection %s error: %s", self.side, self.name, _describe(err))
+            return
+        self.permanent += 1
+        if self.permanent == 1:
+            log.error("%s connection %s to %s: %s", self.side, self.name, self.where, reason)
+        # Every configured server said so (nats-py walks the list in turn): retrying cannot help.
+        if self.permanent >= len(self.opts["servers"]) and self.fatal is not None and not self.fatal.done():
+            self.fatal.set_result(reason)
+
+    async def disconnected_cb(self) -> None:
+        if not self.stopping():  # a clean shutdown disconnects too: not worth a warning
+            log.warning("%s connection %s disconnected from %s", self.side, self.name, self.where)
+        if self.on_change:
+            self.on_change()
+
+    async def reconnected_cb(self) -> None:
+        if self.metrics:
+            self.metrics.reconnections.inc()
+        log.info("%s connection %s reconnected", self.side, self.name)
+        if self.on_change:
+            self.on_change()
+
+    async def closed_cb(self) -> None:
+        if self.metrics:
+            self.metrics.closed.inc()
+        if self.on_change:
+            self.on_change()
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    for nested in getattr(err, "exceptions", None) or []:
+        text = f"{text}: {nested}"
+    return text

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.copier.helpers import (
+    InProcess,
+    make_stream,
+    profile_for,
+    publish_many,
+    topic_config,
+    wait_for_count,
+    write_config,
+)
+
+
+async def test_report_shows_streams_consumer_lag_and_errors(tmp_path, source_server, target_server, source_nc,
+                                                            target_nc):
+    await make_stream(source_nc)
+    await publish_many(source_nc, 100)
+    config = topic_config(source_server.url, target_server.url)
+    config["topics"]["broken"] = {"topic": "nothing.here", "source_url": source_server.url,
+                                  "target_url": target_server.url}
+    path = write_config(tmp_path / "sr.yaml", config)
+    async with InProcess(profile_for(config)):
+        assert await wait_for_count(target_nc, "FLEET", 100) == 100
+    await publish_many(source_nc, 25, start=100)
+    result = subprocess.run([sys.executable, "-m", "replicator", "report", "--config", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert "| Topic" in lines[1] and "Lag" in lines[1] and "Last Active" in lines[1]
+    fleet = next(line for line in lines if line.startswith("| fleet "))
+    assert "| FLEET " in fleet and "| sr " in fleet and "| 25 " in fleet and "ago" in fleet
+    broken = next(line for line in lines if line.startswith("| broken "))
+    assert "no source stream captures subject 'nothing.here'" in broken

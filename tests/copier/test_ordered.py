@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import asyncio
+
+from tests.copier.helpers import (
+    InProcess,
+    indices,
+    make_stream,
+    profile_for,
+    publish_many,
+    read_all,
+    source_seqs,
+    topic_config,
+    wait_for_count,
+)
+
+
+async def test_ordered_copies_everything_in_order(source_server, target_server, source_nc, target_nc):
+    await make_stream(source_nc)
+    await publish_many(source_nc, 12_000)
+    profile = profile_for(topic_config(source_server.url, target_server.url))
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", 12_000) == 12_000
+    msgs = await read_all(target_nc, "FLEET")
+    assert indices(msgs) == list(range(12_000))
+    assert source_seqs(msgs) == list(range(1, 12_001))
+
+
+async def test_headers_preserved_provenance_and_msg_id(source_server, target_server, source_nc, target_nc):
+    await make_stream(source_nc)
+    js = source_nc.jetstream()
+    await js.publish("fleet.a", b"one", headers={"X-Site": "ams", "Content-Type": "application/json"})
+    await js.publish("fleet.b", b"two", headers={"Nats-Msg-Id": "mine-1"})
+    profile = profile_for(topic_config(source_server.url, target_server.url, name="edge"))
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", 2) == 2
+    first, second = await read_all(target_nc, "FLEET")
+    assert first.data == b"one" and first.headers["X-Site"] == "ams"
+    assert first.headers["Content-Type"] == "application/json"
+    assert first.headers["Nats-Msg-Id"] == "FLEET:1"
+    stream, seq, name, ts = first.headers["Stream-Replicator-Source"].split(" ")
+    assert (stream, seq, name) == ("FLEET", "1", "edge") and int(ts) > 1_600_000_000_000
+    assert second.headers["Nats-Msg-Id"] == "mine-1"
+
+
+async def test_subject_rewrite_and_target_created_from_source(source_server, target_server, source_nc, target_nc):
+    await make_stream(source_nc, subjects=["fleet.>"], max_msgs_per_subject=50)
+    await publish_many(source_nc, 300)
+    profile = profile_for(topic_config(source_server.url, target_server.url, target_stream="CENTRE",
+                                       target_subject_prefix="dc1", target_subject_remove="fleet."))
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "CENTRE", 300) == 300
+    info = await target_nc.jetstream().stream_info("CENTRE")
+    assert info.config.subjects == ["dc1.>"]
+    assert info.config.max_msgs_per_subject == 50
+    msgs = await read_all(target_nc, "CENTRE")
+    assert {m.subject for m in msgs} == {f"dc1.n{i}" for i in range(100)}
+
+
+async def test_target_create_false_waits_for_the_stream(source_server, target_server, source_nc, target_nc):
+    await make_stream(source_nc)
+    await publish_many(source_nc, 10)
+    profile = profile_for(topic_config(source_server.url, target_server.url, target_create=False))
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", 1, timeout=1.5) == -1
+        await make_stream(target_nc, storage="memory")
+        assert await wait_for_count(target_nc, "FLEET", 10) == 10
+
+
+async def test_restart_resumes_without_duplicates(source_server, target_server, source_nc, target_nc):
+    await make_stream(source_nc)
+    await publish_many(source_nc, 3000)
+    profile = profile_for(topic_config(source_server.url, target_server.url))
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", 3000) == 3000
+    await publish_many(source_nc, 2000, start=3000)
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", 5000) == 5000
+        await asyncio.sleep(0.5)
+    msgs = await read_all(target_nc, "FLEET")
+    assert indices(msgs) == list(range(5000))
+
+
+async def test_start_positions_apply_on_first_start_only(source_server, target_server, source_nc, target_nc):
+    await make_stream(source_nc)
+    await publish_many(source_nc, 100)
+    profile = profile_for(topic_config(source_server.url, target_server.url, start_sequence=61))
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", 40) == 40
+    await publish_many(source_nc, 10, start=100)
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", 50) == 50
+    assert indices(await read_all(target_nc, "FLEET")) == list(range(60, 110))
+
+
+async def test_start_at_end_and_max_age(source_server, target_server, source_nc, target_nc):
+    await make_stream(source_nc)
+    await publish_many(source_nc, 20)
+    profile = profile_for(topic_config(source_server.url, target_server.url, start_at_end=True))
+    async with InProcess(profile) as replicator:
+        await asyncio.sleep(1.0)
+        await publish_many(source_nc, 5, start=20)
+        assert await wait_for_count(target_nc, "FLEET", 5) == 5
+        assert replicator.workers[0].ready
+    assert indices(await read_all(target_nc, "FLEET")) == list(range(20, 25))
+
+
+async def test_max_age_skips_old_messages(source_server, target_server, source_nc, target_nc):
+    await make_stream(source_nc)
+    await publish_many(source_nc, 30)
+    await asyncio.sleep(2.2)
+    await publish_many(source_nc, 5, start=30)
+    profile = profile_for(topic_config(source_server.url, target_server.url, max_age="2s"))
+    async with InProcess(profile) as replicator:
+        assert await wait_for_count(target_nc, "FLEET", 5) == 5
+        await asyncio.sleep(0.3)
+        metrics = replicator.metrics.registry
+        assert metrics.get_sample_value("stream_replicator_too_old_msgs_total",
+                                        {"name": "sr", "worker": "sr_0"}) == 30
+    assert indices(await read_all(target_nc, "FLEET")) == list(range(30, 35))
+    info = await source_nc.jetstream().consumer_info("FLEET", "sr")
+    assert info.ack_floor.stream_seq == 35

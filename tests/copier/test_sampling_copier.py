@@ -1,0 +1,110 @@
+"""Sampling through the real copier and processes: skips acked, copies exact, KV shared, leader failover."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+
+from tests.copier.helpers import (
+    InProcess,
+    indices,
+    make_stream,
+    profile_for,
+    read_all,
+    spawn,
+    stop,
+    topic_config,
+    wait_for_count,
+    write_config,
+)
+
+
+async def publish_rounds(nc, senders: int, rounds: int, pause: float = 0.0, start: int = 0) -> int:
+    js = nc.jetstream()
+    n = start
+    for r in range(rounds):
+        futures = []
+        for s in range(senders):
+            body = json.dumps({"sender": f"node{s}", "i": n, "round": r}).encode()
+            futures.append(await js.publish_async(f"fleet.reg.node{s}", body))
+            n += 1
+        await asyncio.gather(*futures)
+        if pause:
+            await asyncio.sleep(pause)
+    return n
+
+
+async def test_ordered_sampling_copies_each_sender_once_per_age(source_server, target_server, source_nc,
+                                                                 target_nc):
+    await make_stream(source_nc)
+    await publish_rounds(source_nc, 200, 5)
+    profile = profile_for(topic_config(source_server.url, target_server.url, inspect="sender", age="1h"))
+    async with InProcess(profile) as replicator:
+        assert await wait_for_count(target_nc, "FLEET", 200) == 200
+        await asyncio.sleep(1.0)
+        info = await source_nc.jetstream().consumer_info("FLEET", "sr")
+        assert info.ack_floor.stream_seq == 1000 and info.num_pending == 0
+        reg = replicator.metrics.registry
+        labels = {"name": "sr", "worker": "sr_0"}
+        assert reg.get_sample_value("stream_replicator_limiter_memory_skipped_total", labels) == 800
+        assert reg.get_sample_value("stream_replicator_limiter_memory_passed_total", labels) == 200
+        assert reg.get_sample_value("stream_replicator_limiter_memory_seen", labels) == 200
+    msgs = await read_all(target_nc, "FLEET")
+    senders = Counter(json.loads(m.data)["sender"] for m in msgs)
+    assert len(senders) == 200 and set(senders.values()) == {1}
+    assert [json.loads(m.data)["round"] for m in msgs] == [0] * 200
+
+
+@pytest.mark.slow
+async def test_two_scaled_processes_on_kv_state_never_double_forward(tmp_path, source_server, target_server,
+                                                                      source_nc, target_nc):
+    await make_stream(source_nc)
+    config = write_config(tmp_path / "sr.yaml", topic_config(
+        source_server.url, target_server.url, name=None, workers=3, queue_group="fleet_grp",
+        inspect="sender", age="30s", limiter_state="kv"))
+    procs = [spawn(config, instance=f"pod{i}", log_path=tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        await asyncio.sleep(2.0)
+        total = await publish_rounds(source_nc, 300, 6, pause=0.2)
+        assert await wait_for_count(target_nc, "FLEET", 300, timeout=30) >= 300
+        await asyncio.sleep(2.0)
+        info = await source_nc.jetstream().consumer_info("FLEET", "fleet_grp")
+        assert info.num_pending == 0 and info.num_ack_pending == 0
+    finally:
+        for proc in procs:
+            assert stop(proc) == 0
+    msgs = await read_all(target_nc, "FLEET")
+    senders = Counter(json.loads(m.data)["sender"] for m in msgs)
+    assert len(senders) == 300 and max(senders.values()) == 1, senders.most_common(3)
+    assert total == 1800
+
+
+@pytest.mark.slow
+async def test_leader_failover_under_load_loses_and_duplicates_nothing(tmp_path, source_server, target_server,
+                                                                        source_nc, target_nc):
+    await make_stream(source_nc)
+    config = write_config(tmp_path / "sr.yaml", topic_config(
+        source_server.url, target_server.url, leader_election=True, leader_election_ttl="2s"))
+    procs = [spawn(config, instance=f"pod{i}", log_path=tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        await asyncio.sleep(3.0)
+        from tests.copier.helpers import publish_many
+
+        publisher = asyncio.ensure_future(publish_many(source_nc, 20_000, size=64))
+        await asyncio.sleep(0.8)
+        kv = await source_nc.jetstream().key_value("SR_ELECTION_2000MS")
+        entry = await kv.get("sr")
+        leader_instance = entry.value.decode().split(":")[-1]
+        victim = procs[int(leader_instance.removeprefix("pod"))]
+        stop(victim, kill=True)
+        await publisher
+        assert await wait_for_count(target_nc, "FLEET", 20_000, timeout=60) == 20_000
+        await asyncio.sleep(1.0)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                assert stop(proc) == 0
+    assert indices(await read_all(target_nc, "FLEET")) == list(range(20_000))

@@ -1,0 +1,130 @@
+"""The package tree keeps its shape: imports point down the layers, no import cycles, small modules.
+
+Read from the source with `ast` (function-level imports included), so a lazy import cannot hide a
+cycle or an upward dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"replicator": ROOT / "replicator", "replication_operator": ROOT / "operator"}
+
+# Bottom to top: a sub-package may import its own modules and those of lower layers only.
+LAYERS: list[set[str]] = [
+    {"config"},
+    {"observe"},
+    {"transport"},
+    {"sampling"},
+    {"copier", "fleet_health"},
+    {"service"},
+    {"demo"},
+    {"cli"},
+]
+RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
+MAX_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    for package, folder in PACKAGES.items():
+        if path.is_relative_to(folder):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    raise AssertionError(path)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for folder in PACKAGES.values() for p in sorted(folder.rglob("*.py"))}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `path` imports; `from pkg import name` counts as pkg.name when that is a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                       for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+
+
+def subpackage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if (parts[0] == "replicator" and len(parts) > 2) or (len(parts) == 2 and parts[1] in RANK) else None
+
+
+def test_every_subpackage_has_a_layer() -> None:
+    folders = {p.name for p in PACKAGES["replicator"].iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(RANK), "add new sub-packages to LAYERS (and to ARCHITECTURE.md)"
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = []
+    for module, targets in graph().items():
+        if module.startswith("replication_operator"):
+            continue
+        own = subpackage(module)
+        for target in targets:
+            if target.startswith("replication_operator"):
+                upward.append(f"{module} -> {target} (the data plane never imports the operator)")
+                continue
+            theirs = subpackage(target)
+            if own is None or theirs is None or own == theirs:
+                continue
+            if RANK[theirs] >= RANK[own]:
+                upward.append(f"{module} -> {target}")
+    assert not upward, "imports against the layering:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles() -> None:
+    edges = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in edges[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("module", sorted(all_modules()))
+def test_modules_stay_small(module: str) -> None:
+    lines = all_modules()[module].read_text().count("\n")
+    assert lines <= MAX_LINES, f"{module} has {lines} lines: split it along its seams"
