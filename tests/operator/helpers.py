@@ -21,7 +21,13 @@ from replication_operator import naming, worker_config
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "streamreplications.streamreplicator.io.yaml"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-SPARK_CRDS = ROOT.parent / "shared" / "external" / "spark-operator-crds"
+# The Spark operator's CRDs sit next to the repository (../shared), or next to the folder of git
+# worktrees that share it (../../shared).
+SPARK_CRDS = next(
+    (p for p in (ROOT.parent / "shared" / "external" / "spark-operator-crds",
+                 ROOT.parent.parent / "shared" / "external" / "spark-operator-crds") if p.exists()),
+    ROOT.parent / "shared" / "external" / "spark-operator-crds",
+)
 K8S_VERSION = "1.33"
 
 

@@ -6,7 +6,6 @@ import argparse
 import copy
 import functools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,8 +19,7 @@ from replication_operator.spark_application import (
 from replication_operator.spec import SpecError
 
 from replicator.fleet_health.cli import add_arguments
-
-SPARK_CRDS = Path(__file__).resolve().parents[3] / "shared/external/spark-operator-crds"
+from tests.operator.helpers import SPARK_CRDS
 
 BASE: dict[str, Any] = {
     "apiVersion": "streamreplicator.io/v1alpha1",
