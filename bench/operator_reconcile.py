@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import kmock
-from replication_operator import builders, naming
+from replication_operator import builders, naming, policy
 from replication_operator.reconciler import OperatorConfig, Reconciler
 from replication_operator.testing import ClusterEmulator, embedded_operator, wait_for
 
@@ -96,7 +96,11 @@ async def run(count: int) -> dict[str, float]:
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
-                "metadata": {"name": "bench-creds", "namespace": NS},
+                "metadata": {
+                    "name": "bench-creds",
+                    "namespace": NS,
+                    "labels": {policy.USABLE_LABEL: policy.USABLE_VALUE},
+                },
                 "data": {"user.creds": base64.b64encode(b"bench").decode()},
             },
         )

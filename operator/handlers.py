@@ -36,6 +36,9 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         # A CR deleted while its status timer is mid-read (NATS) is released once the timer exits,
         # not at kopf's next 60 s cancellation poll: the timer stops its own work when told.
         settings.background.instant_exit_timeout = 5.0
+        # Roles-only RBAC: kopf then serves the exact namespaces given and never lists namespaces
+        # or watches CRDs (cluster-scoped calls); it sees new CRD versions only after a restart.
+        settings.scanning.disabled = config.roles_only
         reconciler.api.settings = settings
 
     async def apply(body: kopf.Body, reason: str) -> None:

@@ -8,7 +8,6 @@ that moves them breaks one file.
 
 from __future__ import annotations
 
-import base64
 import logging
 import urllib.parse
 from collections.abc import Mapping
@@ -94,13 +93,3 @@ class KubeApi:
                            status: Mapping[str, Any]) -> dict[str, Any]:
         url = kind.path(namespace, name, "status")
         return dict(await self._call("patch", url, payload={"status": dict(status)}, headers=MERGE_HEADERS))
-
-    async def secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        """A Secret's decoded data, or None if it does not exist. Values never leave the caller."""
-        secret = await self.get(naming.SECRET, namespace, name)
-        if secret is None:
-            return None
-        data: dict[str, bytes] = {}
-        for key, value in (secret.get("data") or {}).items():
-            data[key] = base64.b64decode(value or "")
-        return data

@@ -9,13 +9,15 @@ peering CRD and the named peering object (the Helm chart installs both); `--stan
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import kopf
 from replication_operator import handlers
-from replication_operator.reconciler import OperatorConfig, Reconciler
+from replication_operator.reconciler import POLICY_ENV, OperatorConfig, Reconciler, patterns
 
 DEFAULT_PEERING = "stream-replicator"
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
@@ -44,14 +46,74 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"liveness endpoint (default {DEFAULT_LIVENESS}); empty to disable")
     parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--roles-only", action="store_true",
+                        help="RBAC by Roles only: make no cluster-scoped API calls (exact --namespace "
+                        "names; kopf does not follow namespace or CRD changes until restarted)")
+    add_policy_arguments(parser)
     return parser
 
 
+# flag -> (OperatorConfig field, what it allows)
+POLICY_FLAGS = {
+    "--allow-image": ("allowed_images", "an image resources may name (spec.image, spec.fleetHealth.image) "
+                      "besides the operator's own worker and Spark images (default: none)"),
+    "--allow-service-account": ("allowed_service_accounts", "a service account resources may name "
+                                "(spec.serviceAccountName, spec.fleetHealth.serviceAccount), as NAME or "
+                                "NAMESPACE/NAME (default: none; pods then run as the namespace's default)"),
+    "--allow-unlabelled-secrets": ("unlabelled_secrets_namespaces", "a namespace whose Secrets resources may "
+                                   "use without the label streamreplicator.io/usable=true (default: none)"),
+    "--allow-nats-host": ("allowed_nats_hosts", "a NATS host resources may name in their URLs, or a CIDR "
+                          "for IP addresses (default: *)"),
+    "--allow-spark-conf": ("allowed_spark_conf", "a spec.fleetHealth.sparkConf key resources may set "
+                           "(default: spark.hadoop.*)"),
+}
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "tenancy policy",
+        "What the author of a StreamReplication may choose; the operator refuses the rest (Degraded, "
+        "nothing built). Glob patterns; each flag may be repeated and replaces its environment variable.",
+    )
+    env = dict(POLICY_ENV)
+    for flag, (field, meaning) in POLICY_FLAGS.items():
+        group.add_argument(flag, dest=field, action="append", metavar="PATTERN",
+                           help=f"{meaning}; environment {env[field]} (comma-separated)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with a combination of arguments, for `parser.error` (exit status 2)."""
+    if args.roles_only:
+        if args.all_namespaces:
+            return "--roles-only needs --namespace: a cluster-wide operator needs a ClusterRole"
+        globs = [ns for ns in args.namespaces or () if any(c in ns for c in "*?[!")]
+        if globs:
+            return f"--roles-only needs exact namespace names, not {', '.join(globs)}"
+    return None
+
+
+def operator_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> OperatorConfig:
+    """The environment's settings, with the flags given on top."""
+    config = OperatorConfig.from_env(env)
+    flags = {
+        field: tuple(p for value in getattr(args, field) for p in patterns(value))
+        for field, _ in POLICY_FLAGS.values()
+        if getattr(args, field) is not None
+    }
+    return dataclasses.replace(config, roles_only=args.roles_only, **flags)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    problem = check_arguments(args)
+    if problem:
+        parser.error(problem)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     registry = kopf.get_default_registry()  # the "smart" registry: in-cluster and kubeconfig logins
-    handlers.register(registry, Reconciler(OperatorConfig.from_env()))
+    reconciler = Reconciler(operator_config(args))
+    logging.getLogger("replication_operator").info("tenancy policy: %s", reconciler.policy.summary())
+    handlers.register(registry, reconciler)
     priority = args.priority if args.priority is not None else random.SystemRandom().randint(1, 10**9)
     kopf.run(
         registry=registry,

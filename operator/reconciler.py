@@ -9,6 +9,7 @@ last, the last problems and status) that makes child events cheap; a restart reb
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import logging
 import os
@@ -19,7 +20,7 @@ from typing import Any
 
 import aiohttp
 import kopf
-from replication_operator import builders, naming, nats_status
+from replication_operator import builders, naming, nats_status, policy, spark_application
 from replication_operator import status as st
 from replication_operator.builders import (
     BuildOptions,
@@ -34,7 +35,24 @@ from replication_operator.spec import ReplicationSpec, SpecError, parse_spec
 log = logging.getLogger("replication_operator")
 
 OPTIONAL_KINDS = (naming.SERVICE_MONITOR, naming.SCHEDULED_SPARK_APPLICATION)
+# Problems that keep the operator from reading NATS for a resource (its Secrets are not usable).
+NO_NATS_READS = frozenset({st.SECRET_MISSING, st.SECRET_KEY_MISSING, *policy.REASONS})
 ChildKey = tuple[str, str, str]  # (plural, namespace, name)
+
+
+# Policy settings: (field, environment variable); `main.py` adds a flag for each.
+POLICY_ENV = (
+    ("allowed_images", "STREAM_REPLICATOR_ALLOWED_IMAGES"),
+    ("allowed_service_accounts", "STREAM_REPLICATOR_ALLOWED_SERVICE_ACCOUNTS"),
+    ("unlabelled_secrets_namespaces", "STREAM_REPLICATOR_UNLABELLED_SECRETS_NAMESPACES"),
+    ("allowed_nats_hosts", "STREAM_REPLICATOR_ALLOWED_NATS_HOSTS"),
+    ("allowed_spark_conf", "STREAM_REPLICATOR_ALLOWED_SPARK_CONF"),
+)
+
+
+def patterns(text: str) -> tuple[str, ...]:
+    """Patterns separated by commas or white space."""
+    return tuple(p for p in text.replace(",", " ").split() if p)
 
 
 @dataclass(frozen=True)
@@ -46,16 +64,40 @@ class OperatorConfig:
     status_interval: float = 30.0
     resync_interval: float = 300.0
     nats_timeout: float = 5.0
+    # The tenancy policy (operator/policy.py): secure by default, except NATS hosts (any).
+    allowed_images: tuple[str, ...] = ()
+    allowed_service_accounts: tuple[str, ...] = ()
+    unlabelled_secrets_namespaces: tuple[str, ...] = ()
+    allowed_nats_hosts: tuple[str, ...] = policy.ANY_HOST
+    allowed_spark_conf: tuple[str, ...] = policy.DEFAULT_SPARK_CONF
+    # No cluster-scoped API calls (kopf neither lists namespaces nor watches CRDs): RBAC by Roles only.
+    roles_only: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """Unset policy variables keep their defaults; a variable set to "" allows nothing more."""
         env = os.environ if env is None else env
+        settings = {field: patterns(env[name]) for field, name in POLICY_ENV if name in env}
         return cls(
             worker_image=env.get("STREAM_REPLICATOR_WORKER_IMAGE") or builders.DEFAULT_WORKER_IMAGE,
             spark_image=env.get("STREAM_REPLICATOR_SPARK_IMAGE") or None,
             status_interval=float(env.get("STREAM_REPLICATOR_STATUS_INTERVAL") or 30),
             resync_interval=float(env.get("STREAM_REPLICATOR_RESYNC_INTERVAL") or 300),
             nats_timeout=float(env.get("STREAM_REPLICATOR_NATS_TIMEOUT") or 5),
+            **settings,  # type: ignore[arg-type]
+        )
+
+    def make_policy(self) -> policy.Policy:
+        """The operator's own images and Spark driver account are always allowed: it uses them
+        when a spec names none."""
+        return policy.Policy(
+            own_images=(self.worker_image, self.spark_image or spark_application.DEFAULT_IMAGE),
+            own_service_accounts=(spark_application.DEFAULT_SERVICE_ACCOUNT,),
+            images=self.allowed_images,
+            service_accounts=self.allowed_service_accounts,
+            unlabelled_secrets_namespaces=self.unlabelled_secrets_namespaces,
+            nats_hosts=self.allowed_nats_hosts,
+            spark_conf=self.allowed_spark_conf,
         )
 
 
@@ -96,6 +138,7 @@ class Reconciler:
     def __init__(self, config: OperatorConfig | None = None, api: KubeApi | None = None,
                  clock: Callable[[], dt.datetime] | None = None) -> None:
         self.config = config or OperatorConfig()
+        self.policy = self.config.make_policy()
         self.api = api or KubeApi()
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self.memory: dict[str, _Memory] = {}
@@ -143,9 +186,11 @@ class Reconciler:
 
         children: Children | None = None
         if spec is not None:
+            # The policy first: a refused resource builds and changes nothing, its children stay.
+            problems.extend(st.Problem(v.reason, v.message) for v in policy.check(spec, self.policy))
             secret_problems, tls_keys = await self._check_secrets(spec)
             problems.extend(secret_problems)
-            if not secret_problems:
+            if not problems:
                 try:
                     children = builders.build_children(body, self._options(tls_keys))
                 except FleetHealthUnavailable as err:
@@ -177,21 +222,31 @@ class Reconciler:
     async def _check_secrets(
         self, spec: ReplicationSpec
     ) -> tuple[list[st.Problem], dict[str, frozenset[str]]]:
-        """Every referenced Secret and key exists; returns the TLS Secrets' keys for the config."""
+        """Every referenced Secret exists, may be used (policy) and has its keys; returns the TLS
+        Secrets' keys for the config. Only key names are kept, never values."""
         problems: list[st.Problem] = []
         keys: dict[str, frozenset[str]] = {}
+        labels: dict[str, dict[str, Any]] = {}
         missing: dict[str, str] = {}  # Secret name -> why it is unusable
         ns = spec.namespace
-        for need in builders.secret_needs(spec):
-            if need.secret not in keys and need.secret not in missing:
-                try:
-                    secret = await self.api.get(naming.SECRET, ns, need.secret)
-                    if secret is None:
-                        missing[need.secret] = f'not found in namespace "{ns}"'
-                    else:
-                        keys[need.secret] = frozenset((secret.get("data") or {}).keys())
-                except (APIError, aiohttp.ClientError, TimeoutError) as err:
-                    missing[need.secret] = f'cannot be read in namespace "{ns}": {error_text(err)}'
+        needs = builders.secret_needs(spec)
+        for name in dict.fromkeys(need.secret for need in needs):
+            try:
+                secret = await self.api.get(naming.SECRET, ns, name)
+                if secret is None:
+                    missing[name] = f'not found in namespace "{ns}"'
+                else:
+                    labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
+                    keys[name] = frozenset((secret.get("data") or {}).keys())
+            except (APIError, aiohttp.ClientError, TimeoutError) as err:
+                missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
+        refused = {name for name in labels if not policy.secret_usable(self.policy, ns, labels[name])}
+        problems.extend(
+            st.Problem(v.reason, v.message)
+            for v in policy.secret_violations(self.policy, ns, {n: labels[n] for n in refused}))
+        for need in needs:
+            if need.secret in refused:
+                continue  # nothing more is said about a Secret the resource may not use
             if need.secret in missing:
                 what = f' (key "{need.key}")' if need.key else " (TLS)"
                 problems.append(st.Problem(
@@ -389,8 +444,8 @@ class Reconciler:
         except SpecError:
             return
         memory = self._memory(body["metadata"]["uid"])
-        if any(p.reason in (st.SECRET_MISSING, st.SECRET_KEY_MISSING) for p in memory.problems):
-            return
+        if any(p.reason in NO_NATS_READS for p in memory.problems) or policy.check(spec, self.policy):
+            return  # a refused resource is not read either: no connection to a host it may not name
         fields: dict[str, Any] = {}
         timeout = self.config.nats_timeout
         try:
@@ -414,16 +469,20 @@ class Reconciler:
     async def _auth(self, spec: ReplicationSpec, endpoint: Any) -> nats_status.Auth:
         secrets: dict[str, dict[str, bytes]] = {}
         names = [endpoint.credentials.name if endpoint.credentials else None, endpoint.tls_secret]
-        for secret in filter(None, names):
+        for name in filter(None, names):
             try:
-                data = await self.api.secret_data(spec.namespace, secret)
+                secret = await self.api.get(naming.SECRET, spec.namespace, name)
             except (APIError, aiohttp.ClientError, TimeoutError) as err:
                 raise nats_status.NatsStatusError(
-                    f'secret "{secret}" cannot be read: {error_text(err)}') from None
-            if data is None:
+                    f'secret "{name}" cannot be read: {error_text(err)}') from None
+            if secret is None:
                 raise nats_status.NatsStatusError(
-                    f'secret "{secret}" not found in namespace "{spec.namespace}"')
-            secrets[secret] = data
+                    f'secret "{name}" not found in namespace "{spec.namespace}"')
+            # Checked again as the values are read: the label may have gone since the last pass.
+            if not policy.secret_usable(self.policy, spec.namespace, (secret.get("metadata") or {}).get("labels")):
+                raise nats_status.NatsStatusError(
+                    f'secret "{name}" is no longer labelled {policy.USABLE_LABEL}={policy.USABLE_VALUE}')
+            secrets[name] = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
         return nats_status.auth_from_secrets(endpoint, secrets)
 
     def _nats_error(

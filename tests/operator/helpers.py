@@ -16,7 +16,7 @@ import celpy
 import jsonschema
 import kubernetes_validate
 import yaml
-from replication_operator import naming, worker_config
+from replication_operator import naming, policy, worker_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "streamreplications.streamreplicator.io.yaml"
@@ -182,11 +182,15 @@ def validate_k8s(obj: dict[str, Any]) -> None:
 
 
 # ---- the worker config, made loadable outside a pod ----
-def fake_secret(name: str, namespace: str, data: dict[str, bytes]) -> dict[str, Any]:
+def fake_secret(name: str, namespace: str, data: dict[str, bytes], usable: bool = True) -> dict[str, Any]:
+    """A Secret; `usable` labels it for StreamReplications (the operator's default policy wants it)."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if usable:
+        metadata["labels"] = {policy.USABLE_LABEL: policy.USABLE_VALUE}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": metadata,
         "type": "Opaque",
         "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }

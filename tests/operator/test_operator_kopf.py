@@ -277,6 +277,7 @@ async def test_restart_resumes_without_rewriting(cluster: ClusterEmulator, api: 
     async with embedded_operator(str(cluster.url), config=FAST):
         resource = _resource("telemetry-region")
         del resource["spec"]["queueGroup"]  # the default name must come out the same after a restart
+        del resource["spec"]["image"]  # the example's registry is not allowed by the default policy
         await _create_with_secrets(api, resource)
         await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "telemetry-region"))
         await wait_for(lambda: _status(api, "telemetry-region").get("observedGeneration") == 1)
