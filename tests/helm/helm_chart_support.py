@@ -46,11 +46,12 @@ EXPECTED_CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings"): PEERING}
 EXPECTED_NAMESPACED_PEERING = {("kopf.dev", "kopfpeerings"): PEERING}
 
 
-def expected_rbac(*, clusterwide: bool, peering: bool = True) -> tuple[dict, dict]:
-    """(cluster-scoped, namespaced) permissions the operator needs in a mode."""
-    cluster = dict(EXPECTED_CLUSTER)
+def expected_rbac(*, clusterwide: bool, peering: bool = True, roles_only: bool = False) -> tuple[dict, dict]:
+    """(cluster-scoped, namespaced) permissions the operator needs in a mode; `roles_only`
+    (`--roles-only`) makes no cluster-scoped call."""
+    cluster = {} if roles_only else dict(EXPECTED_CLUSTER)
     namespaced = dict(EXPECTED_NAMESPACED)
-    if not clusterwide:
+    if not clusterwide and not roles_only:
         cluster.update(EXPECTED_NAMESPACE_TRACKING)
     if peering and clusterwide:
         cluster.update(EXPECTED_CLUSTER_PEERING)
@@ -116,11 +117,16 @@ def permissions(rules: list[dict]) -> dict[tuple[str, str], frozenset[str]]:
     return {k: frozenset(v) for k, v in granted.items()}
 
 
+def operator_roles(objects: Iterable[dict], kind: str) -> list[dict]:
+    """The operator's (Cluster)Roles, not the ones for people (`user-roles`, aggregated)."""
+    return [o for o in find(objects, kind) if o["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"]
+
+
 def rbac_rules(values: dict[str, Any] | None = None) -> dict[str, list[dict]]:
-    """The chart's rendered rules: {"cluster": [...], "<namespace>": [...]} (Roles by namespace)."""
+    """The operator's rendered rules: {"cluster": [...], "<namespace>": [...]} (Roles by namespace)."""
     objects = render(values)
     rules: dict[str, list[dict]] = {}
-    for role in find(objects, "ClusterRole"):
+    for role in operator_roles(objects, "ClusterRole"):
         rules.setdefault("cluster", []).extend(role["rules"])
     for role in find(objects, "Role"):
         rules.setdefault(role["metadata"]["namespace"], []).extend(role["rules"])

@@ -4,6 +4,7 @@ object validated against the Kubernetes OpenAPI schemas (kubernetes-validate).""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import textwrap
@@ -25,6 +26,7 @@ from helm_chart_support import (
     expected_rbac,
     find,
     one,
+    operator_roles,
     permissions,
     render,
     render_files,
@@ -94,6 +96,17 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "serviceAccount": {"create": False, "name": "custom-sa"},
     },
     "fullname-override": {"fullnameOverride": "replicator-operator", "peering": {"name": "fleet"}},
+    "roles-only": {"rbac": {"namespaced": True, "rolesOnly": True}, "operator": {"namespaces": ["team-a"]}},
+    "no-aggregated-roles": {"rbac": {"aggregateToDefaultRoles": False}},
+    "policy": {
+        "policy": {
+            "allowedImages": ["registry.example.net/team/*"],
+            "allowedServiceAccounts": ["sr-worker", "team-a/special"],
+            "unlabelledSecretsNamespaces": ["sandbox-*"],
+            "allowedNatsHosts": ["*.nats.example.net", "10.20.0.0/16"],
+            "allowedSparkConf": ["spark.hadoop.*", "spark.sql.shuffle.partitions"],
+        }
+    },
 }
 
 
@@ -283,7 +296,7 @@ def test_operator_arguments(values: dict, scope_args: list[str], peering_arg: st
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
 def test_operator_command_line_accepts_the_rendered_arguments(name: str) -> None:
     """The real `stream-replicator-operator` argument parser reads what the chart passes."""
-    from replication_operator.main import build_parser
+    from replication_operator.main import build_parser, check_arguments
 
     values = VALUE_SETS[name]
     c = container(values)
@@ -300,6 +313,8 @@ def test_operator_command_line_accepts_the_rendered_arguments(name: str) -> None
         assert args.peering == (peering.get("name") or f"{RELEASE}-stream-replicator")
     port = values.get("operator", {}).get("healthPort", 8080)
     assert args.liveness == f"http://0.0.0.0:{port}/healthz"
+    assert args.roles_only is bool(values.get("rbac", {}).get("rolesOnly"))
+    assert check_arguments(args) is None
 
 
 def test_custom_image_and_scheduling() -> None:
@@ -416,6 +431,89 @@ def test_rbac_and_service_account_can_be_external() -> None:
         ]
         == "custom-sa"
     )
+
+
+def test_roles_only_grants_no_cluster_role() -> None:
+    """rbac.rolesOnly: the operator runs --roles-only and holds Roles in its namespaces, nothing else."""
+    objects = render(VALUE_SETS["roles-only"])
+    cluster, by_namespace = granted(objects)
+    assert cluster == {}
+    assert operator_roles(objects, "ClusterRole") == find(objects, "ClusterRoleBinding") == []
+    assert by_namespace == {"team-a": expected_rbac(clusterwide=False, roles_only=True)[1]}
+    assert "--roles-only" in container(VALUE_SETS["roles-only"])["args"]
+
+
+AGGREGATED = ("view", "edit", "admin")
+USER_READ = frozenset({"get", "list", "watch"})
+
+
+def aggregated(objects: list[dict], role: str) -> dict:
+    """What Kubernetes' aggregation controller adds to the built-in `role` from the chart's ClusterRoles."""
+    label = f"rbac.authorization.k8s.io/aggregate-to-{role}"
+    chosen = [o for o in find(objects, "ClusterRole") if o["metadata"]["labels"].get(label) == "true"]
+    return permissions([rule for role_object in chosen for rule in role_object["rules"]])
+
+
+@pytest.mark.parametrize("name", ["defaults", "namespaced-rbac", "roles-only"])
+def test_user_roles_aggregate_to_view_edit_and_admin(name: str) -> None:
+    objects = render(VALUE_SETS[name])
+    group = "streamreplicator.io"
+    view = {(group, "streamreplications"): USER_READ, (group, "streamreplications/status"): USER_READ,
+            (group, "streamreplications/scale"): USER_READ}
+    edit = {
+        (group, "streamreplications"): USER_READ | {"create", "update", "patch", "delete", "deletecollection"},
+        (group, "streamreplications/status"): USER_READ,  # only the operator writes the status
+        (group, "streamreplications/scale"): USER_READ | {"update", "patch"},  # kubectl scale
+    }
+    assert {role: aggregated(objects, role) for role in AGGREGATED} == {"view": view, "edit": edit, "admin": edit}
+    user_roles = [o for o in find(objects, "ClusterRole") if o not in operator_roles(objects, "ClusterRole")]
+    assert sorted(o["metadata"]["name"] for o in user_roles) == [f"{RELEASE}-stream-replicator-edit",
+                                                                 f"{RELEASE}-stream-replicator-view"]
+    for role in user_roles:  # never bound by the chart; validated like every rendered object
+        assert not any(b["roleRef"]["name"] == role["metadata"]["name"]
+                       for b in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding"))
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(role, version, strict=True)
+    # The operator's own roles never aggregate into anyone's.
+    for role in operator_roles(objects, "ClusterRole") + operator_roles(objects, "Role"):
+        assert not any(k.startswith("rbac.authorization.k8s.io/aggregate") for k in role["metadata"]["labels"])
+
+
+def test_user_roles_can_be_left_out() -> None:
+    objects = render(VALUE_SETS["no-aggregated-roles"])
+    assert all(aggregated(objects, role) == {} for role in AGGREGATED)
+    assert granted(objects) == granted(render())
+
+
+# --------------------------------------------------------------------------------------------------
+# The tenancy policy
+
+
+def test_policy_values_reach_the_operator() -> None:
+    """The chart's policy values become the operator's policy (through its environment); the chart's
+    defaults are the operator's own."""
+    from replication_operator.policy import Policy
+    from replication_operator.reconciler import OperatorConfig
+
+    def policy_of(values: dict[str, Any]) -> Policy:
+        variables = {e["name"]: e["value"] for e in container(values)["env"] if "value" in e}
+        return OperatorConfig.from_env(variables).make_policy()
+
+    version = chart().metadata["appVersion"]
+    own = (f"ghcr.io/stream-replicator/stream-replicator:{version}",
+           f"ghcr.io/stream-replicator/stream-replicator:{version}-spark")
+    chosen = VALUE_SETS["policy"]["policy"]
+    assert policy_of(VALUE_SETS["policy"]) == Policy(
+        own_images=own,
+        own_service_accounts=("spark-operator-spark",),
+        images=tuple(chosen["allowedImages"]),
+        service_accounts=tuple(chosen["allowedServiceAccounts"]),
+        unlabelled_secrets_namespaces=tuple(chosen["unlabelledSecretsNamespaces"]),
+        nats_hosts=tuple(chosen["allowedNatsHosts"]),
+        spark_conf=tuple(chosen["allowedSparkConf"]),
+    )
+    operator_defaults = dataclasses.replace(OperatorConfig().make_policy(), own_images=own)
+    assert policy_of({}) == operator_defaults
 
 
 def test_rbac_rules_live_in_one_helper() -> None:
@@ -556,6 +654,13 @@ BAD_VALUES: dict[str, dict[str, Any]] = {
     "pull secret without name": {"imagePullSecrets": [{"secret": "x"}]},
     "fullname override invalid": {"fullnameOverride": "Stream_Replicator"},
     "service account create a string": {"serviceAccount": {"create": "false"}},
+    "roles only without namespaced rbac": {"rbac": {"rolesOnly": True}},
+    "aggregation not a boolean": {"rbac": {"aggregateToDefaultRoles": "yes"}},
+    "policy typo": {"policy": {"allowedImage": ["x/*"]}},
+    "policy pattern with a comma": {"policy": {"allowedImages": ["a/*,b/*"]}},
+    "policy pattern empty": {"policy": {"allowedServiceAccounts": [""]}},
+    "no NATS host at all": {"policy": {"allowedNatsHosts": []}},
+    "policy not a list": {"policy": {"unlabelledSecretsNamespaces": "team-*"}},
 }
 
 

@@ -28,7 +28,8 @@ SCRIPT = str(Path(sys.prefix) / "bin" / "stream-replicator-operator")
 def test_help() -> None:
     result = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    for flag in ("--namespace", "--all-namespaces", "--peering", "--standalone", "--liveness", "--verbose"):
+    for flag in ("--namespace", "--all-namespaces", "--peering", "--standalone", "--liveness", "--verbose",
+                 "--roles-only", *cli.POLICY_FLAGS):
         assert flag in result.stdout
 
 

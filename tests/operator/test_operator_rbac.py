@@ -14,13 +14,14 @@ the peering object the chart creates. Then:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 import kmock
 import pytest
 from replication_operator import naming
-from replication_operator.main import build_parser
+from replication_operator.main import build_parser, operator_config
 from replication_operator.testing import OPERATOR_TOKEN, ApiCall, ClusterEmulator, embedded_operator, wait_for
 
 from tests.helm.helm_chart_support import expected_rbac, find, one, permissions, rbac_rules, render
@@ -40,6 +41,8 @@ MODES: dict[str, dict[str, Any]] = {
     "namespaced": {"rbac": {"namespaced": True}, "operator": {"namespaces": [NS]}},
     # --all-namespaces --standalone: no peering rights.
     "standalone": {"peering": {"enabled": False}},
+    # --namespace=replication --roles-only: a Role there and no ClusterRole at all.
+    "roles-only": {"rbac": {"namespaced": True, "rolesOnly": True}, "operator": {"namespaces": [NS]}},
 }
 
 # Grants the lifecycle below cannot exercise against the emulator: (group, resource, verb) -> why.
@@ -91,7 +94,8 @@ async def _lifecycle(api: Api) -> None:
     await wait_for(lambda: "SecretMissing" in api.reasons(NS, NAME))
     assert api.get(naming.DEPLOYMENT, NS, NAME) is None
 
-    # The Secrets appear: the status timer's re-check builds every child, optional ones included.
+    # The Secrets appear, labelled for use (the policy reads the label with the same `get`): the
+    # status timer's re-check builds every child, optional ones included.
     for secret, key in SECRETS.items():
         await api.create(h.fake_secret(secret, NS, {key: b"creds"}))
     for kind, name in ALWAYS + OPTIONAL:
@@ -103,6 +107,12 @@ async def _lifecycle(api: Api) -> None:
     await api.patch(naming.STREAM_REPLICATION, NS, NAME, {"spec": {"maxAge": "2h"}})
     await wait_for(lambda: _status(api).get("observedGeneration") == 2)
     await wait_for(lambda: any("rolling the pods" in e["message"] for e in api.events(NS, NAME)))
+
+    # An edit the tenancy policy refuses: only the status and an Event are written.
+    await api.patch(naming.STREAM_REPLICATION, NS, NAME, {"spec": {"image": "docker.io/someone/miner:1"}})
+    await wait_for(lambda: _condition(api, "Degraded").get("reason") == "ImageNotAllowed")
+    await api.patch(naming.STREAM_REPLICATION, NS, NAME, {"spec": {"image": None}})
+    await wait_for(lambda: _condition(api, "Degraded").get("status") == "False")
 
     # Drift: a deleted child comes back.
     await api.delete(naming.SERVICE, NS, naming.service_name(NAME))
@@ -140,6 +150,12 @@ async def _run(mode: str) -> tuple[bool, set[ApiCall], ClusterEmulator]:
     objects = render(MODES[mode])
     (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(container["args"])
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    # The chart's settings (policy included) with the tests' short intervals.
+    config = dataclasses.replace(
+        operator_config(args, env),
+        status_interval=FAST.status_interval, resync_interval=FAST.resync_interval, nats_timeout=FAST.nats_timeout,
+    )
     async with ClusterEmulator() as cluster, kmock.Server(cluster):
         namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
         await _post(cluster, "/api/v1/namespaces", namespace)
@@ -151,7 +167,7 @@ async def _run(mode: str) -> tuple[bool, set[ApiCall], ClusterEmulator]:
         async with embedded_operator(
             str(cluster.url),
             namespaces=args.namespaces,
-            config=FAST,
+            config=config,
             peering=None if args.standalone else args.peering,
         ):
             await _lifecycle(Api(cluster))
@@ -173,12 +189,16 @@ async def test_rbac_grants_exactly_what_the_operator_calls(mode: str) -> None:
     # The chart's rules (real Helm engine) are the RBAC contract, scope by scope.
     chart = {scope: permissions(rules) for scope, rules in rbac_rules(MODES[mode]).items()}
     peering = MODES[mode].get("peering", {}).get("enabled", True)
-    expected_cluster, expected_namespaced = expected_rbac(clusterwide=clusterwide, peering=peering)
+    roles_only = MODES[mode].get("rbac", {}).get("rolesOnly", False)
+    expected_cluster, expected_namespaced = expected_rbac(
+        clusterwide=clusterwide, peering=peering, roles_only=roles_only)
     contract = (
         {"cluster": expected_cluster, NS: expected_namespaced}  # a Role per served namespace
         if MODES[mode].get("rbac", {}).get("namespaced")
         else {"cluster": {**expected_cluster, **expected_namespaced}}
     )
+    if roles_only:
+        del contract["cluster"]  # no ClusterRole rendered at all
     assert chart == contract
 
     # (a) Nothing is used without permission.

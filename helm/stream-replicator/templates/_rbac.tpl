@@ -10,11 +10,15 @@ The result is a YAML map with two lists of PolicyRules:
 
 Peering rules depend on the mode: cluster-wide operators (`--all-namespaces`) use ClusterKopfPeering,
 namespace-restricted ones use a KopfPeering in each served namespace; standalone operators use none.
+With rbac.rolesOnly the operator runs `--roles-only` and makes no cluster-scoped call: no cluster rules.
 */}}
 {{- define "stream-replicator.rbacRules" -}}
 {{- $clusterwide := eq (include "stream-replicator.clusterwide" .) "true" -}}
 {{- $children := list "get" "list" "watch" "create" "patch" -}}
 {{- $optionalChildren := list "get" "list" "watch" "create" "patch" "delete" -}}
+{{- if .Values.rbac.rolesOnly }}
+cluster: []
+{{- else }}
 cluster:
   # kopf: resource discovery follows CRD changes.
   - apiGroups: ["apiextensions.k8s.io"]
@@ -32,6 +36,7 @@ cluster:
   - apiGroups: ["kopf.dev"]
     resources: ["clusterkopfpeerings"]
     verbs: ["list", "watch", "patch"]
+{{- end }}
 {{- end }}
 namespaced:
   # The custom resource: watched, annotated/finalized by kopf, and its status reported.
@@ -58,7 +63,8 @@ namespaced:
   - apiGroups: ["sparkoperator.k8s.io"]
     resources: ["scheduledsparkapplications"]
     verbs: {{ $optionalChildren | toJson }}
-  # NATS credentials and TLS material referenced by the spec: read by name only.
+  # NATS credentials and TLS material referenced by the spec: read by name only (the same read gives
+  # the opt-in label the tenancy policy checks; never list or watch, which would read every Secret).
   - apiGroups: [""]
     resources: ["secrets"]
     verbs: ["get"]
@@ -72,4 +78,26 @@ namespaced:
     resources: ["kopfpeerings"]
     verbs: ["list", "watch", "patch"]
 {{- end }}
+{{- end }}
+
+{{/*
+Rules for people, not for the operator: ClusterRoles aggregated into Kubernetes' user-facing roles
+(templates/rbac-aggregated.yaml). `view` reads StreamReplications, their status and scale; `edit` (and
+`admin`) also writes them and scales them. Nobody but the operator writes the status.
+*/}}
+{{- define "stream-replicator.userRules" -}}
+view:
+  - apiGroups: ["streamreplicator.io"]
+    resources: ["streamreplications", "streamreplications/status", "streamreplications/scale"]
+    verbs: ["get", "list", "watch"]
+edit:
+  - apiGroups: ["streamreplicator.io"]
+    resources: ["streamreplications"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
+  - apiGroups: ["streamreplicator.io"]
+    resources: ["streamreplications/status"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: ["streamreplicator.io"]
+    resources: ["streamreplications/scale"]
+    verbs: ["get", "list", "watch", "update", "patch"]
 {{- end }}
