@@ -495,13 +495,13 @@ def test_policy_values_reach_the_operator() -> None:
     from replication_operator.policy import Policy
     from replication_operator.reconciler import OperatorConfig
 
-    def policy_of(values: dict[str, Any]) -> Policy:
-        variables = {e["name"]: e["value"] for e in container(values)["env"] if "value" in e}
-        return OperatorConfig.from_env(variables).make_policy()
+    def variables(values: dict[str, Any]) -> dict[str, str]:
+        return {e["name"]: e["value"] for e in container(values)["env"] if "value" in e}
 
-    version = chart().metadata["appVersion"]
-    own = (f"ghcr.io/stream-replicator/stream-replicator:{version}",
-           f"ghcr.io/stream-replicator/stream-replicator:{version}-spark")
+    def policy_of(values: dict[str, Any]) -> Policy:
+        return OperatorConfig.from_env(variables(values)).make_policy()
+
+    own = tuple(variables({})[f"STREAM_REPLICATOR_{kind}_IMAGE"] for kind in ("WORKER", "SPARK"))
     chosen = VALUE_SETS["policy"]["policy"]
     assert policy_of(VALUE_SETS["policy"]) == Policy(
         own_images=own,

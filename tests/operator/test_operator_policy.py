@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from replication_operator import main as cli
-from replication_operator import naming, policy
+from replication_operator import naming, policy, spark_application
 from replication_operator.policy import Policy
 from replication_operator.reconciler import OperatorConfig, Reconciler
 from replication_operator.spec import parse_spec
@@ -50,7 +50,7 @@ DEFAULT = OperatorConfig().make_policy()
         ({}, DEFAULT, []),
         # Images: the operator's own are always allowed, others only by pattern.
         ({"image": OperatorConfig().worker_image}, DEFAULT, []),
-        ({"fleetHealth__image": "stream-replicator:0.1.0-spark"}, DEFAULT, []),
+        ({"fleetHealth__image": spark_application.DEFAULT_IMAGE}, DEFAULT, []),
         ({"image": "docker.io/someone/miner:1"}, DEFAULT, [policy.IMAGE_NOT_ALLOWED]),
         ({"image": "registry.example.net/team/sr:2"}, Policy(images=("registry.example.net/*",)), []),
         ({"image": "registry.example.net.evil.io/sr:2"}, Policy(images=("registry.example.net/*",)),
@@ -129,7 +129,7 @@ def test_settings_from_environment_and_flags() -> None:
     config = cli.operator_config(args, env)
     assert config.roles_only
     rules = config.make_policy()
-    assert rules.own_images == ("reg.example/sr:2", "stream-replicator:0.1.0-spark")
+    assert rules.own_images == ("reg.example/sr:2", spark_application.DEFAULT_IMAGE)
     assert rules.images == ("reg.example/*", "other.example/sr:*")
     assert rules.service_accounts == ("sr-*", "team-a/x")
     assert rules.nats_hosts == ()  # set to nothing: no host allowed
