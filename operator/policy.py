@@ -68,7 +68,7 @@ class Policy:
         """One line for the operator's start-up log."""
         return (
             f"images: {_list(self.own_images + self.images)}; "
-            f"service accounts: none named, {_list(self.service_accounts)} "
+            f"service accounts: {_allowed(['none named'], self.service_accounts)} "
             f"(Spark drivers also {_list(self.own_service_accounts)}); "
             f"Secrets labelled {USABLE_LABEL}={USABLE_VALUE}"
             + (f" (any Secret in {_list(self.unlabelled_secrets_namespaces)})"
@@ -166,8 +166,8 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
     for field, account, own in accounts:
         if account and not service_account_allowed(policy, spec.namespace, str(account), own):
             found.append(Violation(SERVICE_ACCOUNT_NOT_ALLOWED, (
-                f'{field} "{account}" is not an allowed service account (allowed: none named, '
-                f"{_allowed(own, policy.service_accounts)}; set by --allow-service-account)")))
+                f'{field} "{account}" is not an allowed service account (allowed: '
+                f"{_allowed(['none named', *own], policy.service_accounts)}; set by --allow-service-account)")))
 
     urls = [("spec.source.url", spec.source.url), ("spec.target.url", spec.target.url)]
     if spec.fleet_health and spec.fleet_health.url:

@@ -240,10 +240,9 @@ class Reconciler:
                     keys[name] = frozenset((secret.get("data") or {}).keys())
             except (APIError, aiohttp.ClientError, TimeoutError) as err:
                 missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
-        refused = {name for name in labels if not policy.secret_usable(self.policy, ns, labels[name])}
         problems.extend(
-            st.Problem(v.reason, v.message)
-            for v in policy.secret_violations(self.policy, ns, {n: labels[n] for n in refused}))
+            st.Problem(v.reason, v.message) for v in policy.secret_violations(self.policy, ns, labels))
+        refused = {name for name in labels if not policy.secret_usable(self.policy, ns, labels[name])}
         for need in needs:
             if need.secret in refused:
                 continue  # nothing more is said about a Secret the resource may not use
