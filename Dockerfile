@@ -1,36 +1,58 @@
-# syntax=docker/dockerfile:1.7
+# stream-replicator images. Two targets from one build (`make image` builds and tags both):
 #
-# stream-replicator images. Two targets from one build:
-#
-#   docker build --target worker -t stream-replicator:0.1.0 .        # workers and the operator
-#   docker build --target spark  -t stream-replicator:0.1.0-spark .  # the fleet-health Spark job
+#   docker build --target worker -t ghcr.io/stream-replicator/stream-replicator:0.1.0 .        # workers, operator
+#   docker build --target spark  -t ghcr.io/stream-replicator/stream-replicator:0.1.0-spark .  # fleet-health job
 #
 # The Helm chart runs `worker` as the operator (command stream-replicator-operator) and tells the
 # operator to use `worker` for replication pods and `spark` (tag "<version>-spark") for fleet health.
 #
-# The base is pinned to Debian bookworm: it has openjdk-17 (trixie, the newer default of
-# python:3.11-slim, ships Java 21 only). Final stages carry no compiler or build tool: the project is
-# built into a wheel and installed into /opt/venv in the builder stages, and only that venv is copied.
+# Plain Dockerfile syntax only (no heredocs, no RUN --mount): docker (with or without BuildKit),
+# buildah/podman and kaniko all build it. The base is a build argument: pinned to Debian bookworm,
+# which has openjdk-17 (trixie, the newer default of python:3.11-slim, ships Java 21 only). Where the
+# registry's base cannot be pulled, images/bootstrap-base makes a stand-in from Debian's packages
+# (docs/images.md). Final stages carry no compiler or build tool: only the finished venv is copied.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---------------------------------------------------------------------------------------------------
-# builder: the wheel, and a venv with the wheel and its dependencies (pip install, as `make` does).
-FROM ${PYTHON_IMAGE} AS builder
+# deps: a venv with the project's dependencies, read from pyproject.toml alone, so that this layer
+# (the slow download) is reused until the dependencies change, whatever happens to the sources.
+# No step runs Python with the source tree as its working directory: `python -m` puts the working
+# directory first on sys.path, where the project's `operator/` folder would shadow the standard
+# library's `operator` module and Python would not even start.
+FROM ${PYTHON_IMAGE} AS deps
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY replicator/ replicator/
-COPY operator/ operator/
-RUN pip wheel --no-deps --wheel-dir /dist . \
- && python -m venv /opt/venv \
- && /opt/venv/bin/pip install /dist/stream_replicator-*.whl
+WORKDIR /
+RUN python3 -m venv /opt/venv
+COPY pyproject.toml /src/pyproject.toml
+RUN /opt/venv/bin/python -I -c "import tomllib; project = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; print('\n'.join(project['dependencies']))" > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install --requirement /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
 
-# spark-builder: the same venv plus the `spark` extra (PySpark).
-FROM builder AS spark-builder
-RUN /opt/venv/bin/pip install "$(ls /dist/stream_replicator-*.whl)[spark]"
+# wheel: the project's wheel, built from exactly what the build context sends (see .dockerignore).
+FROM deps AS wheel
+COPY README.md /src/README.md
+COPY replicator/ /src/replicator/
+COPY operator/ /src/operator/
+RUN /opt/venv/bin/pip wheel --no-deps --wheel-dir /dist /src
+
+# builder: the worker's venv, the dependencies plus the wheel.
+FROM deps AS builder
+COPY --from=wheel /dist /dist
+RUN /opt/venv/bin/pip install --no-deps /dist/stream_replicator-*.whl \
+ && /opt/venv/bin/pip check
+
+# spark-builder: the same venv plus the `spark` extra (PySpark, pyarrow), again from pyproject.toml
+# alone before the wheel arrives.
+FROM deps AS spark-builder
+RUN /opt/venv/bin/python -I -c "import tomllib; project = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; print('\n'.join(project['optional-dependencies']['spark']))" > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install --requirement /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
+COPY --from=wheel /dist /dist
+RUN /opt/venv/bin/pip install --no-deps /dist/stream_replicator-*.whl \
+ && /opt/venv/bin/pip check
 
 # ---------------------------------------------------------------------------------------------------
 # worker: `stream-replicator` (the data plane) and `stream-replicator-operator`.
@@ -54,8 +76,9 @@ CMD ["--help"]
 
 # ---------------------------------------------------------------------------------------------------
 # spark: the fleet-health PySpark job, run by the Spark operator's ScheduledSparkApplication
-# (mainApplicationFile: local:///app/replicator/fleet_health/app.py). The entrypoint speaks the
-# Spark-on-Kubernetes container protocol (`driver ...`, `executor`) and passes anything else through.
+# (mainApplicationFile: local:///app/replicator/fleet_health/app.py). The entrypoint
+# (images/spark-entrypoint) speaks the Spark-on-Kubernetes container protocol (`driver ...`,
+# `executor`) and passes anything else through.
 FROM ${PYTHON_IMAGE} AS spark
 LABEL org.opencontainers.image.title="stream-replicator-spark" \
       org.opencontainers.image.description="stream-replicator fleet-health job on Apache Spark" \
@@ -73,45 +96,7 @@ COPY --from=spark-builder /opt/venv /opt/venv
 RUN mkdir -p /app \
  && ln -s /opt/venv/lib/python3.11/site-packages/replicator /app/replicator \
  && test -f /app/replicator/fleet_health/app.py
-COPY --chmod=0755 <<"EOF" /usr/local/bin/spark-entrypoint
-#!/bin/bash
-# Spark on Kubernetes starts driver pods with `driver <spark-submit args>` and executor pods with
-# `executor` plus SPARK_* variables; anything else runs as given.
-set -eo pipefail
-case "${1:-}" in
-  driver)
-    shift
-    exec /usr/bin/tini -s -- "${SPARK_HOME}/bin/spark-submit" \
-      --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS}" \
-      --conf "spark.executorEnv.SPARK_DRIVER_POD_IP=${SPARK_DRIVER_BIND_ADDRESS}" \
-      --deploy-mode client "$@"
-    ;;
-  executor)
-    shift
-    java_opts=()
-    while IFS= read -r opt; do
-      java_opts+=("${opt}")
-    done < <(env | grep '^SPARK_JAVA_OPT_' | sort -t_ -k4 -n | sed 's/^[^=]*=//')
-    classpath="${SPARK_CONF_DIR:-${SPARK_HOME}/conf}:${SPARK_HOME}/jars/*"
-    if [ -n "${SPARK_EXTRA_CLASSPATH:-}" ]; then
-      classpath="${classpath}:${SPARK_EXTRA_CLASSPATH}"
-    fi
-    exec /usr/bin/tini -s -- "${JAVA_HOME}/bin/java" "${java_opts[@]}" \
-      -Xms"${SPARK_EXECUTOR_MEMORY}" -Xmx"${SPARK_EXECUTOR_MEMORY}" \
-      -cp "${classpath}" org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
-      --driver-url "${SPARK_DRIVER_URL}" \
-      --executor-id "${SPARK_EXECUTOR_ID}" \
-      --cores "${SPARK_EXECUTOR_CORES}" \
-      --app-id "${SPARK_APPLICATION_ID}" \
-      --hostname "${SPARK_EXECUTOR_POD_IP}" \
-      --resourceProfileId "${SPARK_RESOURCE_PROFILE_ID:-0}" \
-      --podName "${SPARK_EXECUTOR_POD_NAME}"
-    ;;
-  *)
-    exec /usr/bin/tini -s -- "$@"
-    ;;
-esac
-EOF
+COPY --chmod=0755 images/spark-entrypoint /usr/local/bin/spark-entrypoint
 ENV PATH=/opt/venv/bin:$PATH \
     JAVA_HOME=/opt/java \
     SPARK_HOME=/opt/venv/lib/python3.11/site-packages/pyspark \

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test demo bench lint clean
+.PHONY: all venv test demo bench lint clean image image-base image-test
 
 all: test
 
@@ -24,6 +24,22 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# Container images (docs/images.md): docker when its engine works, else buildah. PYTHON_IMAGE picks
+# the base (default: python:3.11-slim-bookworm if it can be pulled, else the Debian stand-in that
+# `make image-base` bootstraps); IMAGE_TOOL=docker|buildah forces a tool.
+IMAGE_ARGS = $(if $(PYTHON_IMAGE),--base $(PYTHON_IMAGE)) $(if $(IMAGE_TOOL),--tool $(IMAGE_TOOL))
+
+image:
+	$(PYTHON) images/build.py $(IMAGE_ARGS)
+
+image-base:
+	images/bootstrap-base
+
+# Builds both images with buildah (the tests run them with podman), then runs them (tests/images).
+image-test: $(STAMP)
+	$(PYTHON) images/build.py --tool buildah $(if $(PYTHON_IMAGE),--base $(PYTHON_IMAGE))
+	$(BIN)/python -m pytest -q --images tests/images
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

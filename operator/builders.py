@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from replication_operator import naming, worker_config
+from replication_operator import images, naming, worker_config
 from replication_operator.spec import ReplicationSpec, Side, SpecError, parse_spec
 
 try:  # written in parallel; the operator reports FleetHealthUnavailable until it exists
@@ -20,7 +20,7 @@ try:  # written in parallel; the operator reports FleetHealthUnavailable until i
 except ImportError:  # pragma: no cover - depends on the tree's state
     build_scheduled_spark_application = None
 
-DEFAULT_WORKER_IMAGE = "stream-replicator:0.1.0"
+DEFAULT_WORKER_IMAGE = images.DEFAULT_WORKER_IMAGE
 RUN_AS = 10001  # the image's `replicator` user and group (Dockerfile)
 DEFAULT_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 import kopf
-from replication_operator import builders, naming, nats_status, policy, spark_application
+from replication_operator import builders, images, naming, nats_status, policy, spark_application
 from replication_operator import status as st
 from replication_operator.builders import (
     BuildOptions,
@@ -59,8 +59,8 @@ def patterns(text: str) -> tuple[str, ...]:
 class OperatorConfig:
     """Operator-wide settings; the Helm chart sets them through the environment."""
 
-    worker_image: str = builders.DEFAULT_WORKER_IMAGE
-    spark_image: str | None = None
+    worker_image: str = images.DEFAULT_WORKER_IMAGE
+    spark_image: str = images.DEFAULT_SPARK_IMAGE
     status_interval: float = 30.0
     resync_interval: float = 300.0
     nats_timeout: float = 5.0
@@ -79,8 +79,8 @@ class OperatorConfig:
         env = os.environ if env is None else env
         settings = {field: patterns(env[name]) for field, name in POLICY_ENV if name in env}
         return cls(
-            worker_image=env.get("STREAM_REPLICATOR_WORKER_IMAGE") or builders.DEFAULT_WORKER_IMAGE,
-            spark_image=env.get("STREAM_REPLICATOR_SPARK_IMAGE") or None,
+            worker_image=env.get(images.WORKER_IMAGE_ENV) or images.DEFAULT_WORKER_IMAGE,
+            spark_image=env.get(images.SPARK_IMAGE_ENV) or images.DEFAULT_SPARK_IMAGE,
             status_interval=float(env.get("STREAM_REPLICATOR_STATUS_INTERVAL") or 30),
             resync_interval=float(env.get("STREAM_REPLICATOR_RESYNC_INTERVAL") or 300),
             nats_timeout=float(env.get("STREAM_REPLICATOR_NATS_TIMEOUT") or 5),

@@ -12,12 +12,13 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from replication_operator import images
 from replication_operator.spec import SpecError
 
 API_VERSION = "sparkoperator.k8s.io/v1beta2"
 KIND = "ScheduledSparkApplication"
 MAIN_APPLICATION_FILE = "local:///app/replicator/fleet_health/app.py"
-DEFAULT_IMAGE = "stream-replicator:0.1.0-spark"  # Dockerfile target `spark`
+DEFAULT_IMAGE = images.DEFAULT_SPARK_IMAGE
 DEFAULT_SPARK_VERSION = "4.0.0"
 DEFAULT_SCHEDULE = "@every 1h"
 DEFAULT_BUCKET = "FLEET_HEALTH"

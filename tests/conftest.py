@@ -11,6 +11,12 @@ from nats.aio.client import Client
 from replicator.demo.local_nats import LocalNatsServer
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--images", action="store_true", help="run tests/images against the built images (make image-test)"
+    )
+
+
 @pytest.fixture
 def source_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
     server = LocalNatsServer(name="source", store_dir=tmp_path_factory.mktemp("source-js"))
