@@ -31,6 +31,7 @@ from helm_chart_support import (
     render,
     render_files,
 )
+from replication_operator import images
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas we have.
 KUBE_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
@@ -341,16 +342,13 @@ def test_custom_image_and_scheduling() -> None:
 
 
 def test_default_worker_and_spark_images_follow_the_operator_image() -> None:
-    variables = env(container())
+    """The chart's defaults are the operator's own defaults, which `make image` tags."""
+    c = container()
+    variables = env(c)
     version = chart().metadata["appVersion"]
-    assert (
-        variables["STREAM_REPLICATOR_WORKER_IMAGE"]
-        == f"ghcr.io/stream-replicator/stream-replicator:{version}"
-    )
-    assert (
-        variables["STREAM_REPLICATOR_SPARK_IMAGE"]
-        == f"ghcr.io/stream-replicator/stream-replicator:{version}-spark"
-    )
+    assert c["image"] == images.DEFAULT_WORKER_IMAGE == f"ghcr.io/stream-replicator/stream-replicator:{version}"
+    assert variables[images.WORKER_IMAGE_ENV] == images.DEFAULT_WORKER_IMAGE
+    assert variables[images.SPARK_IMAGE_ENV] == images.DEFAULT_SPARK_IMAGE
 
 
 # --------------------------------------------------------------------------------------------------
