@@ -5,8 +5,9 @@
                             [--target worker|spark ...] [--no-pip-config]
 
 The tool is docker when its engine answers, else buildah (`--isolation chroot`, `--layers`). The
-base is the Dockerfile's PYTHON_IMAGE: python:3.11-slim-bookworm when it is local or can be pulled,
-else a stand-in that images/bootstrap-base makes from Debian's packages (or `--base standin`).
+base is the Dockerfile's PYTHON_IMAGE: python:3.11-slim-bookworm when it is local, else the stand-in
+that images/bootstrap-base makes from Debian's packages when that is local, else the registry's
+when it can be pulled, else a new stand-in (`--base standin` asks for the stand-in).
 
 Builds on machines behind a package proxy need the machine's pip configuration and CA bundle. With
 buildah they are mounted read-only into every RUN step, never copied into a layer: a temporary
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # default images (operator/images.py) name the same one, tests/packaging checks that they agree.
 REPOSITORY = "ghcr.io/stream-replicator/stream-replicator"
 REGISTRY_BASE = "python:3.11-slim-bookworm"
+STANDIN_BASE = "localhost/stream-replicator-base:python3.11-bookworm"  # images/bootstrap-base's default
 TARGETS = ("worker", "spark")
 # Where the build's pip configuration appears inside RUN steps (root's home: see the docstring).
 CONTAINER_HOME = "/root"
@@ -242,6 +244,9 @@ def resolve_base(tool: str, requested: str | None) -> str:
     if requested is None:
         if image_exists(tool, REGISTRY_BASE):
             return REGISTRY_BASE
+        if image_exists(tool, STANDIN_BASE):
+            log(f"using the stand-in {STANDIN_BASE} made earlier (--base {REGISTRY_BASE} tries the registry)")
+            return STANDIN_BASE
         pull = ["buildah", "pull", "--quiet"] if tool == "buildah" else ["docker", "pull", "--quiet"]
         try:
             pulled = run([*pull, REGISTRY_BASE], timeout=600, quiet=True)
@@ -252,7 +257,10 @@ def resolve_base(tool: str, requested: str | None) -> str:
         reason = pulled.stderr.strip().splitlines()[-1] if pulled and pulled.stderr.strip() else "timed out"
         log(f"cannot pull {REGISTRY_BASE} ({reason}); using a stand-in made from Debian's packages")
     result = subprocess.run(
-        [str(ROOT / "images" / "bootstrap-base"), "--tool", tool], check=True, text=True, stdout=subprocess.PIPE
+        [str(ROOT / "images" / "bootstrap-base"), "--tool", tool, "--tag", STANDIN_BASE],
+        check=True,
+        text=True,
+        stdout=subprocess.PIPE,
     )
     return result.stdout.strip().splitlines()[-1]
 

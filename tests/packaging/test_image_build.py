@@ -122,3 +122,22 @@ def test_build_commands() -> None:
                  ["--label", "org.opencontainers.image.version=0.1.0"], ["--file", str(REPO / "Dockerfile")]):
         assert any(argv[i : i + 2] == pair for i in range(len(argv))), pair
     assert build.build_command("docker", "worker", "r:1", "base:1", {})[:2] == ["docker", "build"]
+
+
+def test_base_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local registry base, else a local stand-in (no pull attempt), else the pull, else a new stand-in."""
+    local: set[str] = set()
+    monkeypatch.setattr(build, "image_exists", lambda tool, ref: ref in local)
+
+    def no_tool(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ran a tool")
+
+    monkeypatch.setattr(build, "run", no_tool)
+    monkeypatch.setattr(build.subprocess, "run", no_tool)
+    assert build.resolve_base("buildah", "registry.example/python:3.11") == "registry.example/python:3.11"
+    local.add(build.STANDIN_BASE)
+    assert build.resolve_base("buildah", None) == build.STANDIN_BASE
+    local.add(build.REGISTRY_BASE)
+    assert build.resolve_base("buildah", None) == build.REGISTRY_BASE
+    # images/bootstrap-base makes the stand-in under the name build.py looks for.
+    assert f'tag="{build.STANDIN_BASE}"' in (REPO / "images" / "bootstrap-base").read_text()
