@@ -173,7 +173,7 @@ async def test_operator_in_the_worker_image_reconciles(podman: Podman, worker_im
         )
         options.mounts.append((kube, "/etc/kube", True))
         options.env = {**env, "KUBECONFIG": "/etc/kube/config"}
-        options.tmpfs.append("/tmp")  # the chart mounts none; kopf writes nothing, Python may need it
+        assert options.tmpfs == ["/tmp"]  # the chart's emptyDir: the only writable place
         with podman.start(worker_image, args, options, tmp_path / "operator.log") as operator:
             await wait_for(
                 lambda: _get(f"http://127.0.0.1:{health}/healthz") or not operator.running(), within=60, interval=0.2
