@@ -6,8 +6,8 @@
 # The Helm chart runs `worker` as the operator (command stream-replicator-operator) and tells the
 # operator to use `worker` for replication pods and `spark` (tag "<version>-spark") for fleet health.
 #
-# Plain Dockerfile syntax only (no heredocs, no RUN --mount): docker (with or without BuildKit),
-# buildah/podman and kaniko all build it. The base is a build argument: pinned to Debian bookworm,
+# Plain Dockerfile syntax only (no heredocs, no RUN --mount, no COPY --chmod): docker (with or
+# without BuildKit), buildah/podman and kaniko all build it. The base is a build argument: bookworm,
 # which has openjdk-17 (trixie, the newer default of python:3.11-slim, ships Java 21 only). Where the
 # registry's base cannot be pulled, images/bootstrap-base makes a stand-in from Debian's packages
 # (docs/images.md). Final stages carry no compiler or build tool: only the finished venv is copied.
@@ -96,7 +96,8 @@ COPY --from=spark-builder /opt/venv /opt/venv
 RUN mkdir -p /app \
  && ln -s /opt/venv/lib/python3.11/site-packages/replicator /app/replicator \
  && test -f /app/replicator/fleet_health/app.py
-COPY --chmod=0755 images/spark-entrypoint /usr/local/bin/spark-entrypoint
+# Executable in the repository (COPY keeps the mode; `COPY --chmod` would need BuildKit in docker).
+COPY images/spark-entrypoint /usr/local/bin/spark-entrypoint
 ENV PATH=/opt/venv/bin:$PATH \
     JAVA_HOME=/opt/java \
     SPARK_HOME=/opt/venv/lib/python3.11/site-packages/pyspark \
