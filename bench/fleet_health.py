@@ -43,7 +43,7 @@ def advisory(i: int, nodes: int) -> bytes:
     event = EVENTS[round_ % len(EVENTS)]
     ts = T0 + i
     return (
-        f'{{"$schema":"stream-replicator/v1/age_advisory","event_id":"ev-{i}","event":"{event}",'
+        f'{{"$schema":"https://choria.io/schemas/sr/v1/age_advisory.json","event_id":"ev-{i}","event":"{event}",'
         f'"inspect":"sender","value":"node{node:07d}.example.net","age":300,"seen":{ts - 300},'
         f'"replicator":"dc{node % SITES:02d}","topic":"acme.cmdb","timestamp":{ts}}}'
     ).encode()

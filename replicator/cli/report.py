@@ -12,6 +12,7 @@ import nats
 
 from replicator.config.files import load_config
 from replicator.config.model import Config, Profile
+from replicator.copier.poison import STUCK_NOTE
 from replicator.transport.connections import connect_options
 from replicator.transport.streams import find_source_stream
 
@@ -44,6 +45,9 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
         info = await js.consumer_info(row.source_stream, profile.consumer_name)
         row.lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
         row.last_active = info.delivered.last_active if info.delivered else None
+        stuck = (info.config.metadata or {}).get(STUCK_NOTE)
+        if stuck:  # noted by the worker itself: an error it cannot classify keeps failing
+            row.error = f"stuck: {stuck}"
     except Exception as err:
         row.error = str(err) or type(err).__name__
         if "consumer not found" in row.error.lower():

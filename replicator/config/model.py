@@ -116,6 +116,7 @@ class TopicConfig(Strict):
     size_trigger: int | None = Field(default=None, ge=1)
     limiter_state: Literal["memory", "file", "kv"] = "memory"
     advisory: AdvisoryConfig | None = None
+    dead_letter: str | None = None
     leader_election: bool = False
     leader_election_ttl: Duration = 10.0
     monitor: int | None = Field(default=None, ge=0, le=65535)
@@ -134,6 +135,13 @@ class TopicConfig(Strict):
     def _topic(cls, value: str) -> str:
         if not value or " " in value or ".." in value or value.startswith(".") or value.endswith("."):
             raise ValueError(f"invalid subject {value!r}")
+        return value
+
+    @field_validator("dead_letter")
+    @classmethod
+    def _dead_letter(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(ch in value for ch in " \t*>")):
+            raise ValueError(f"dead_letter subject {value!r} must be a literal subject")
         return value
 
     @field_validator("source_url", "target_url")

@@ -1,11 +1,12 @@
 """Ordered mode: the single active worker, pipelined, in order and exactly once on the target.
 
 It keeps up to `max_in_flight` publishes in flight yet never lets a later message land before an
-earlier one: every publish carries `Nats-Expected-Last-Msg-Id` naming its predecessor, so if any
-message fails, every later one in the window fails too. Recovery then reads the target's last
-provenance header, drops what landed, and republishes the rest, the first one synchronously (no
-predecessor check, so a server that lost its last-id after a restart cannot wedge the chain). The
-source is acked cumulatively (AckAll) only after the target acknowledged.
+earlier one: every publish is chained to its predecessor (`position.py`), so if any message fails,
+or another writer stores a message in between (fan-in), every later one in the window fails too.
+Recovery learns what landed (from the PubAcks, or from the target when an answer was lost), drops
+it, and republishes the rest, the first one alone (no predecessor check, so a server that lost
+its last-id after a restart, or another writer, cannot wedge the chain). The source is acked
+cumulatively (AckAll) only after the target acknowledged.
 """
 
 from __future__ import annotations
@@ -32,9 +33,18 @@ from replicator.copier.endpoints import (
     start_position,
     verdict,
 )
-from replicator.copier.failures import is_permanent, is_target_full
-from replicator.copier.provenance import EXPECTED_LAST_MSG_ID, MSG_ID, last_copied
-from replicator.copier.transform import MessageTransform
+from replicator.copier.failures import Failure, classify, uncertain
+from replicator.copier.headers import TargetFeatures
+from replicator.copier.poison import StuckWatch, describe, give_up
+from replicator.copier.position import (
+    MAX_CLOCK_SKEW_NS,
+    TargetPosition,
+    ack_seq,
+    link,
+    resume_point,
+)
+from replicator.copier.provenance import MSG_ID, stream_identity
+from replicator.copier.transform import Copy, MessageTransform
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import (
     ACK_CONSUMER_SEQ,
@@ -48,6 +58,7 @@ from replicator.transport.jetstream import (
     ack,
     ack_tokens,
 )
+from replicator.transport.streams import stream_created
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +73,10 @@ class Entry:
 
     msg: Msg
     seq: int
+    ts: int  # source timestamp, ns
     received: float
-    subject: str
-    headers: dict[str, str]
-    future: asyncio.Future[None] | None = None
+    copy: Copy
+    future: asyncio.Future[bytes] | None = None
     sent_at: float = 0.0
     attempts: int = 0
     skipped_seq: int = 0
@@ -95,13 +106,17 @@ class OrderedCopier:
         self.transform = MessageTransform(self.ep)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
         self.puller: Puller | None = None
+        self.position: TargetPosition | None = None
         self.committed = 0  # highest source sequence copied or skipped, in order
+        self.confirmed_target = 0  # target sequence of the newest confirmed copy (0: unknown)
+        self.bound_at_ns = 0  # wall clock of the last bind: copies sent since landed after it
         self.ack_due: str | None = None  # reply subject of `committed` while not yet acked (AckAll)
         self.lag: str | None = None  # pending count of the latest delivery, set once per batch
         self.last_id: str | None = None  # Nats-Msg-Id of the last message published in the chain
         self.chain_open = False  # False: the next publish goes alone, without predecessor check
         self.backoff = Backoff()
         self.blocked_since: float | None = None
+        self.stuck = StuckWatch(self.ep, self.ep.profile.durable_name)
         self.avg_size = 1024.0  # payload bytes per message, learned as messages arrive
         # Consumer (delivery) sequence of the last message delivered: deliveries count up by one, so
         # a jump means messages were lost in transit (a cut link) and must be fetched again.
@@ -109,44 +124,43 @@ class OrderedCopier:
         self.gap: tuple[int, int] | None = None
 
     # ---- setup ----
-    async def resume_point(self) -> tuple[int, bool]:
-        """(next source sequence, resuming?) from the target's provenance and the consumer's ack floor."""
+    async def _identify(self) -> str:
+        """The source stream instance now (it changes when the stream is deleted and re-created)."""
         ep = self.ep
-        landed = await last_copied(
-            ep.target_js, ep.target_stream, self.transform.rewrite(ep.profile.settings.topic),
-            ep.source_stream, ep.profile.base_name,
-        )
-        floor = 0
-        existed = False
-        try:
-            info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.durable_name)
-            existed = True
-            floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
-        except NotFoundError:
-            pass
-        resume = max(landed, floor)
-        return resume + 1, existed or landed > 0
+        return stream_identity(await stream_created(ep.source_nc, ep.source_stream, ep.api_prefix))
+
+    async def _read_features(self) -> None:
+        info = await self.ep.target_js.stream_info(self.ep.target_stream)
+        self.transform.set_features(TargetFeatures.of(info.config))
 
     async def bind(self) -> None:
         """(Re)create the durable at the resume point: the server's redelivery order cannot be trusted
         for messages that were in flight when the previous worker died."""
         ep = self.ep
-        next_seq, resuming = await self.resume_point()
+        self.transform.set_writer(await self._identify())
+        await self._read_features()
+        topic = ep.profile.settings.topic
+        self.position = TargetPosition(ep.target_nc, ep.target_stream, self.transform.rewrite(topic),
+                                       self.transform.writer)
         name = ep.profile.durable_name
+        where = await resume_point(self.position, ep.source_js, ep.source_stream, name, topic)
         with contextlib.suppress(NotFoundError):
             await ep.source_js.delete_consumer(ep.source_stream, name)
         position: dict[str, object]
-        if resuming:
-            position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": next_seq}
+        if where.resuming:
+            position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": where.next_seq}
         else:
             position = start_position(ep.profile)
         await ep.source_js.add_consumer(ep.source_stream, self._consumer_config(position))
-        self.committed = next_seq - 1 if resuming else 0
+        self.committed = where.next_seq - 1 if where.resuming else 0
+        self.confirmed_target = where.target_seq
+        self.bound_at_ns = time.time_ns()
         self.chain_open = False
         self.last_cseq = 0
         self.gap = None
-        log.info("%s bound to %s/%s at %s", ep.worker, ep.source_stream, name,
-                 f"sequence {next_seq}" if resuming else position["deliver_policy"])
+        log.info("%s bound to %s/%s at %s (writer %s)", ep.worker, ep.source_stream, name,
+                 f"sequence {where.next_seq}" if where.resuming else position["deliver_policy"],
+                 self.transform.writer.id)
 
     def _consumer_config(self, position: dict[str, object]) -> ConsumerConfig:
         ep = self.ep
@@ -256,13 +270,15 @@ class OrderedCopier:
             else:
                 self.committed, self.ack_due = seq, msg.reply
             return True
-        entry = Entry(msg, seq, time.monotonic(), self.transform.rewrite(msg.subject),
-                      self.transform.headers(msg, seq, int(tokens[ACK_TIMESTAMP])))
+        ts = int(tokens[ACK_TIMESTAMP])
+        entry = Entry(msg, seq, ts, time.monotonic(), self.transform.build(msg, seq, ts))
         window.append(entry)
-        if self.chain_open:
+        if self.chain_open and entry.copy.chainable:
             await self._send(entry)
         elif window[0] is entry:
             await self._send_alone(entry)
+        elif not entry.copy.chainable:
+            self.chain_open = False  # it goes alone once it heads the window; the rest wait for it
         return True
 
     def _flush_counts(self) -> None:
@@ -272,39 +288,36 @@ class OrderedCopier:
     def _first_copy(self) -> Entry | None:
         return self.window[0] if self.window else None
 
-    async def _send(self, entry: Entry) -> None:
-        assert entry.headers is not None
-        if self.last_id is not None:
-            entry.headers[EXPECTED_LAST_MSG_ID] = self.last_id
-        else:
-            entry.headers.pop(EXPECTED_LAST_MSG_ID, None)
+    async def _publish(self, entry: Entry, predecessor: str | None) -> asyncio.Future[bytes]:
+        copy = entry.copy
+        link(copy.headers, predecessor)
         entry.sent_at = time.monotonic()
         entry.attempts += 1
-        entry.future = await self.publisher.publish(entry.subject, entry.msg.data, entry.headers)
-        self.last_id = entry.headers[MSG_ID]
+        return await self.publisher.publish(copy.subject, copy.payload, copy.headers)
+
+    async def _send(self, entry: Entry) -> None:
+        entry.future = await self._publish(entry, self.last_id)
+        self.last_id = entry.copy.headers[MSG_ID]
 
     async def _send_alone(self, entry: Entry) -> None:
         """Publish without a predecessor check and wait: the safe way to (re)start the chain."""
-        assert entry.headers is not None
-        entry.headers.pop(EXPECTED_LAST_MSG_ID, None)
-        entry.sent_at = time.monotonic()
-        entry.attempts += 1
-        fut = await self.publisher.publish(entry.subject, entry.msg.data, entry.headers)
+        fut = await self._publish(entry, None)
+        entry.future = fut
         try:
             await asyncio.wait_for(asyncio.shield(fut), PUBLISH_TIMEOUT)
         except TimeoutError:
             fut.cancel()
-            entry.future = fut
             return
         except PublishError:
-            entry.future = fut
             return
-        entry.future = fut
-        self.last_id = entry.headers[MSG_ID]
+        self.last_id = entry.copy.headers[MSG_ID]
         self.chain_open = True
         # Anything admitted behind it while we waited can now go, chained.
         for later in self.window:
             if later.future is None and later is not entry:
+                if not later.copy.chainable:
+                    self.chain_open = False
+                    break
                 await self._send(later)
 
     async def _drain(self) -> None:
@@ -316,6 +329,7 @@ class OrderedCopier:
         observe = m.processing_time.observe
         failed: tuple[Entry, PublishError] | None = None
         window = self.window
+        last_ack = b""
         while window:
             head = window[0]
             fut = head.future
@@ -325,17 +339,21 @@ class OrderedCopier:
             if err is not None:
                 failed = head, err if isinstance(err, PublishError) else PublishError(str(err))
                 break
+            last_ack = fut.result()
             copied += 1
             copied_bytes += len(head.msg.data)
             observe(now - head.received)
             window.popleft()
             self.committed, self.ack_due = head.last_seq, head.last_reply
         if copied:
+            self.confirmed_target = ack_seq(last_ack) or self.confirmed_target
             self._count_copied(copied, copied_bytes)
             if self.blocked_since is not None:
                 log.info("%s target accepts messages again", ep.worker)
                 self.blocked_since = None
                 m.target_blocked.set(0)
+        if self.stuck.since:
+            await self.stuck.settled_upto(self.committed)
         if self.ack_due is not None:
             reply, self.ack_due = self.ack_due, None
             m.current_sequence.set(self.committed)
@@ -343,6 +361,8 @@ class OrderedCopier:
             await ack(ep.source_nc, reply, m.acks_failed.inc)
         if failed is not None:
             await self._recover(*failed)
+        elif not self.chain_open and window and window[0].future is None:
+            await self._send_alone(window[0])  # a message that cannot be chained now heads the window
 
     def _count_copied(self, n: int, size: int) -> None:
         if n:
@@ -362,53 +382,99 @@ class OrderedCopier:
                 await self._send_alone(first)
 
     async def _recover(self, head: Entry, err: PublishError) -> None:
-        """The head failed: settle the window, learn what landed, and republish the rest in order."""
+        """The head failed: settle the window, learn what landed, and republish the rest in order.
+
+        The caller's loop drains afterwards (no recursion: a long outage or busy fan-in would
+        otherwise nest one frame per failure)."""
         ep = self.ep
         m = ep.metrics
-        m.failed_msgs.inc()
-        full = is_target_full(err)
-        if full and self.blocked_since is None:
-            self.blocked_since = time.monotonic()
-            m.target_blocked.set(1)
-            log.warning("%s target stream %s refuses messages (%s): backing off until there is room",
-                        ep.worker, ep.target_stream, err.description)
-        elif not full:
-            log.warning("%s publish of source sequence %d failed: %s", ep.worker, head.seq, err.description)
+        kind = classify(err)
+        self._note_failure(head, err, kind)
+        if kind is Failure.UNKNOWN:
+            await self.stuck.failed(head.seq, err)
         # Let whatever is still in flight settle, so the target's state stops moving.
         pending = [e.future for e in self.window if e.future is not None and not e.future.done()]
         if pending:
             await asyncio.wait(pending, timeout=PUBLISH_TIMEOUT)
+        unsure = self._unsure()
         self.publisher.forget_all()
-        landed = await self._landed_up_to()
-        if landed is None:
-            await self.stopper.sleep(self.backoff.next())
-            for e in self.window:
-                _settled(e.future)
-                e.future = None
-            self.chain_open = False
-            return
-        # Messages acknowledged before the failure stay done; the landed prefix is done too.
-        while self.window and (self.window[0].seq <= landed or self._acked_ok(self.window[0])):
+        landed: int | None = None
+        if unsure:  # an answer was lost: only the target can tell what landed
+            landed = await self._landed_up_to()
+            if landed is None:
+                self._reset_window()
+                await self.stopper.sleep(self.backoff.next())
+                return
+        # Explicit answers tell it all: the chain makes what landed a prefix, acked ones done.
+        while self.window and ((landed is not None and self.window[0].seq <= landed)
+                               or self._acked_ok(self.window[0])):
             done = self.window.popleft()
             _settled(done.future)
             self._count_copied(1, len(done.msg.data))
             self.committed, self.ack_due = done.last_seq, done.last_reply
-        if self.window and self.window[0] is head and is_permanent(err) and head.attempts >= POISON_ATTEMPTS:
+        if kind is Failure.POLICY:
+            await self._refresh_features()
+        if self.window and self.window[0] is head and kind is Failure.PERMANENT and head.attempts >= POISON_ATTEMPTS:
             self.window.popleft()
             self.committed, self.ack_due = head.last_seq, head.last_reply
-            log.error("%s gave up on source sequence %d after %d attempts: %s (skipped, counted in failed_msgs)",
-                      ep.worker, head.seq, head.attempts, err.description)
+            await give_up(ep, self.publisher, self.transform.writer, head.msg, head.seq, head.ts, head.copy.subject,
+                          err, head.attempts)
+        self._reset_window()
+        if self.committed:
+            m.current_sequence.set(self.committed)
+        if kind is not Failure.CHAIN:  # another writer in between: re-send at once
+            await self.stopper.sleep(self.backoff.next())
+        first = self._first_copy()
+        if first is not None and not self.stopper.stopping:
+            await self._send_alone(first)
+
+    def _note_failure(self, head: Entry, err: PublishError, kind: Failure) -> None:
+        ep, m = self.ep, self.ep.metrics
+        if kind is Failure.CHAIN:
+            m.chain_restarts.inc()
+            log.debug("%s chain broken at source sequence %d: %s", ep.worker, head.seq, err.description)
+            return
+        m.failed_msgs.inc()
+        if kind is Failure.BLOCKED:
+            if self.blocked_since is None:
+                self.blocked_since = time.monotonic()
+                m.target_blocked.set(1)
+                log.warning("%s target stream %s refuses messages (%s): backing off until there is room",
+                            ep.worker, ep.target_stream, err.description)
+        elif kind is Failure.PERMANENT:
+            log.debug("%s source sequence %d refused (attempt %d): %s", ep.worker, head.seq, head.attempts,
+                      describe(err))
+        else:
+            log.warning("%s publish of source sequence %d failed: %s", ep.worker, head.seq, describe(err))
+
+    def _unsure(self) -> bool:
+        """Did any publish in the window end without an answer (it may have landed)?"""
+        for e in self.window:
+            fut = e.future
+            if fut is None:
+                continue
+            if not fut.done() or fut.cancelled():
+                return True
+            exc = fut.exception()
+            if exc is not None and (not isinstance(exc, PublishError) or uncertain(exc)):
+                return True
+        return False
+
+    def _reset_window(self) -> None:
         for e in self.window:
             _settled(e.future)
             e.future = None
         self.chain_open = False
-        if self.committed:
-            m.current_sequence.set(self.committed)
-        await self.stopper.sleep(self.backoff.next())
-        first = self._first_copy()
-        if first is not None and not self.stopper.stopping:
-            await self._send_alone(first)
-        await self._drain()
+
+    async def _refresh_features(self) -> None:
+        """The target's features changed (TTL, roll-ups, counters): rebuild what is to be sent."""
+        try:
+            await self._read_features()
+        except Exception as err:
+            log.warning("%s cannot read the target stream's configuration: %s", self.ep.worker, err)
+            return
+        for e in self.window:
+            e.copy = self.transform.build(e.msg, e.seq, e.ts)
 
     @staticmethod
     def _acked_ok(entry: Entry) -> bool:
@@ -416,22 +482,49 @@ class OrderedCopier:
         return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
 
     async def _landed_up_to(self) -> int | None:
-        ep = self.ep
+        assert self.position is not None
         try:
-            return await last_copied(
-                ep.target_js, ep.target_stream, self.transform.rewrite(ep.profile.settings.topic),
-                ep.source_stream, ep.profile.base_name,
-            )
+            landed = await self.position.last_landed(
+                floor=self.committed, scan=True, since_seq=self.confirmed_target,
+                not_before_ns=self.bound_at_ns - MAX_CLOCK_SKEW_NS, legacy=(self.committed, self.committed))
         except Exception as err:
-            log.warning("%s cannot read the target's last message yet: %s", ep.worker, err)
+            log.warning("%s cannot read the target's last message yet: %s", self.ep.worker, err)
             return None
+        if landed.target_seq:
+            self.confirmed_target = landed.target_seq
+        return landed.source_seq
 
     async def _consumer_trouble(self, status: int, text: str) -> None:
-        """409s: the consumer was deleted or lost leadership; rebind where we are."""
+        """409s: the consumer was deleted or lost leadership; 503: it is gone. Rebind where we are,
+        or from the start position when the source stream was deleted and created again."""
         ep = self.ep
-        log.warning("%s consumer status %d %s", ep.worker, status, text)
-        if "deleted" in text.lower() or (status == 409 and "leadership" in text.lower()):
+        gone = status == 503 or "deleted" in text.lower()
+        if not gone and not (status == 409 and "leadership" in text.lower()):
+            log.warning("%s consumer status %d %s", ep.worker, status, text)
+            return
+        try:
+            identity = await self._identify()
+        except Exception as err:
+            log.warning("%s source stream %s unavailable (%s): retrying", ep.worker, ep.source_stream, err)
+            await self.stopper.sleep(self.backoff.next())
+            return
+        if identity == self.transform.writer.identity:
+            log.warning("%s consumer status %d %s", ep.worker, status, text)
             await self._rebind(delete=False)
+            return
+        log.warning("%s source stream %s was deleted and created again: copying the new stream from its "
+                    "start position", ep.worker, ep.source_stream)
+        self.publisher.forget_all()
+        self._reset_window()
+        self.window.clear()
+        self.ack_due = None
+        try:
+            await self.bind()
+            assert self.puller is not None
+            await self.puller.restart()
+        except Exception as err:
+            log.warning("%s cannot bind consumer: %s", ep.worker, err)
+            await self.stopper.sleep(self.backoff.next())
 
     async def _rebind(self, *, delete: bool) -> None:
         """Point the durable right after what we hold (window or committed) and pull afresh.
@@ -458,7 +551,8 @@ class OrderedCopier:
             await self.stopper.sleep(self.backoff.next())
 
     async def _finish(self) -> None:
-        """On stop: finish and ack what is in flight (bounded), then stop."""
+        """On stop: finish and ack what is in flight (bounded), then leave the durable exactly at the
+        copy position, so the next start needs no search of the target."""
         deadline = time.monotonic() + PUBLISH_TIMEOUT * 2
         if self.puller is not None:
             self.puller.buffer.clear()
@@ -477,9 +571,24 @@ class OrderedCopier:
                 break
         with contextlib.suppress(Exception):
             await self.ep.source_nc.flush(timeout=2)
+        if not self.window and self.committed:
+            with contextlib.suppress(Exception):
+                await self._park()
+
+    async def _park(self) -> None:
+        """Recreate the durable at committed + 1: nothing delivered-but-unacknowledged remains, so a
+        restart resumes from the ack floor alone (delivered messages never published count as
+        uncertain, and would make the next start search the target)."""
+        ep = self.ep
+        info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.durable_name)
+        if not info.num_ack_pending:
+            return
+        position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": self.committed + 1}
+        await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
+        await ep.source_js.add_consumer(ep.source_stream, self._consumer_config(position))
 
 
-def _settled(fut: asyncio.Future[None] | None) -> None:
+def _settled(fut: asyncio.Future[bytes] | None) -> None:
     """Drop a publish future we no longer wait for, reading its error first: an unread one makes
     asyncio log "Future exception was never retrieved" with a traceback, once per message."""
     if fut is not None and fut.done() and not fut.cancelled():

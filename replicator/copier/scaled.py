@@ -1,7 +1,8 @@
 """Scaled mode: many independent workers on one shared durable consumer.
 
-Each message is acked on its own once the target acknowledged it, nak'ed with a delay on failure,
-and deduplicated on the target by `Nats-Msg-Id`.
+Each message is acked on its own once the target acknowledged it, nak'ed with a delay on failure
+(terminated once given up as poison), and deduplicated on the target by its writer's
+`Nats-Msg-Id` (`provenance.py`), the same in every worker and pod of the group.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ from replicator.copier.endpoints import (
     start_position,
     verdict,
 )
-from replicator.copier.failures import is_permanent, is_target_full
+from replicator.copier.failures import Failure, classify
+from replicator.copier.headers import TargetFeatures
+from replicator.copier.poison import StuckWatch, describe, give_up
+from replicator.copier.provenance import stream_identity
 from replicator.copier.transform import MessageTransform
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import (
@@ -45,6 +49,7 @@ from replicator.transport.jetstream import (
     nak,
     term,
 )
+from replicator.transport.streams import stream_created
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +57,12 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class InFlight:
     msg: Msg
-    future: asyncio.Future[None]
+    future: asyncio.Future[bytes]
     started: float
     delivered: int
+    seq: int
+    ts: int
+    subject: str
 
 
 @dataclass
@@ -74,6 +82,21 @@ class ScaledWorker:
         self.max_in_flight = self.ep.profile.settings.max_in_flight
         self.lag: str | None = None  # pending count of the latest delivery, set once per batch
         self.last_seq = 0
+        self.stuck = StuckWatch(self.ep, self.ep.profile.group_name)
+        self.features_read = 0.0
+
+    async def _bind(self) -> None:
+        """The group's durable, this source stream instance's writer id, the target's features."""
+        ep = self.ep
+        await ensure_group_consumer(ep, self.max_in_flight)
+        self.transform.set_writer(stream_identity(await stream_created(ep.source_nc, ep.source_stream,
+                                                                       ep.api_prefix)))
+        await self._read_features()
+
+    async def _read_features(self) -> None:
+        self.features_read = time.monotonic()
+        info = await self.ep.target_js.stream_info(self.ep.target_stream)
+        self.transform.set_features(TargetFeatures.of(info.config))
 
     async def run(self) -> None:
         ep = self.ep
@@ -81,7 +104,7 @@ class ScaledWorker:
         backoff = Backoff()
         while not self.stopper.stopping:
             try:
-                await ensure_group_consumer(ep, self.max_in_flight)
+                await self._bind()
                 break
             except Exception as err:
                 log.warning("%s cannot bind consumer: %s", ep.worker, err)
@@ -100,11 +123,15 @@ class ScaledWorker:
                 if puller.last_status is not None:
                     status, text = puller.last_status
                     puller.last_status = None
-                    log.warning("%s consumer status %d %s", ep.worker, status, text)
-                    if "deleted" in text.lower():
-                        with contextlib.suppress(Exception):
-                            await ensure_group_consumer(ep, self.max_in_flight)
+                    if status == 503 or "deleted" in text.lower():  # gone (a re-created stream?): bind again
+                        try:
+                            await self._bind()
+                        except Exception as err:
+                            log.warning("%s cannot bind consumer: %s", ep.worker, err)
+                            await self.stopper.sleep(backoff.next())
                         puller.reset()
+                    else:
+                        log.warning("%s consumer status %d %s", ep.worker, status, text)
                 received = received_bytes = 0
                 while puller.buffer and self.in_flight < self.max_in_flight:
                     msg = puller.buffer.popleft()
@@ -146,9 +173,10 @@ class ScaledWorker:
         if not copy:
             await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return
-        headers = self.transform.headers(msg, seq, int(tokens[ACK_TIMESTAMP]))
-        fut = await self.publisher.publish(self.transform.rewrite(msg.subject), msg.data, headers)
-        item = InFlight(msg, fut, time.monotonic(), int(tokens[ACK_DELIVERED]))
+        ts = int(tokens[ACK_TIMESTAMP])
+        out = self.transform.build(msg, seq, ts)
+        fut = await self.publisher.publish(out.subject, out.payload, out.headers)
+        item = InFlight(msg, fut, time.monotonic(), int(tokens[ACK_DELIVERED]), seq, ts, out.subject)
         self.sent.append(item)
         self.in_flight += 1
         fut.add_done_callback(functools.partial(self._finished, item))
@@ -159,7 +187,7 @@ class ScaledWorker:
         flush_counts(self.ep, self.lag)
         self.lag = None
 
-    def _finished(self, item: InFlight, _future: asyncio.Future[None]) -> None:
+    def _finished(self, item: InFlight, _future: asyncio.Future[bytes]) -> None:
         self.finished.append(item)
 
     async def _settle(self) -> None:
@@ -177,18 +205,29 @@ class ScaledWorker:
                 copied_bytes += len(item.msg.data)
                 m.processing_time.observe(now - item.started)
                 await ack(ep.source_nc, item.msg.reply, m.acks_failed.inc)
+                if self.stuck.since:
+                    await self.stuck.done(item.seq)
                 continue
             m.failed_msgs.inc()
             perr = err if isinstance(err, PublishError) else PublishError(str(err))
-            if is_permanent(perr) and item.delivered >= POISON_ATTEMPTS:
-                log.error("%s gave up on a message after %d deliveries: %s (terminated, counted in failed_msgs)",
-                          ep.worker, item.delivered, perr.description)
+            kind = classify(perr)
+            if kind is Failure.PERMANENT and item.delivered >= POISON_ATTEMPTS:
+                await give_up(ep, self.publisher, self.transform.writer, item.msg, item.seq, item.ts, item.subject,
+                              perr, item.delivered)
                 await term(ep.source_nc, item.msg.reply, m.acks_failed.inc)
+                await self.stuck.done(item.seq)
                 continue
             delay = min(0.25 * 2 ** min(item.delivered, 5), 10.0)
-            if is_target_full(perr):
+            if kind is Failure.BLOCKED:
                 m.target_blocked.set(1)
-            log.warning("%s publish failed (%s): redelivery in %.1fs", ep.worker, perr.description, delay)
+            elif kind is Failure.UNKNOWN:
+                await self.stuck.failed(item.seq, perr)
+            elif kind is Failure.POLICY and time.monotonic() - self.features_read > 1.0:
+                with contextlib.suppress(Exception):
+                    await self._read_features()  # the redelivery is built with them
+            if kind is not Failure.PERMANENT:
+                log.warning("%s publish of source sequence %d failed (%s): redelivery in %.1fs", ep.worker,
+                            item.seq, describe(perr), delay)
             await nak(ep.source_nc, item.msg.reply, delay, m.acks_failed.inc)
         if copied:
             m.copied_msgs.inc(copied)

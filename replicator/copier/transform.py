@@ -1,37 +1,51 @@
-"""Source message -> target subject and headers."""
+"""Source message -> target subject, headers and payload."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
 from replicator.copier.endpoints import Endpoints
-from replicator.copier.provenance import MSG_ID, PROVENANCE, provenance
+from replicator.copier.headers import HeaderPolicy, TargetFeatures
+from replicator.copier.provenance import MSG_ID, PROVENANCE, Writer
 from replicator.transport.subjects import SubjectRewriter
 
-EXPECTED_PREFIX = "Nats-Expected-"
+
+@dataclass(slots=True)
+class Copy:
+    """What is published to the target for one source message."""
+
+    subject: str
+    headers: dict[str, str]
+    payload: bytes
+    chainable: bool  # may carry the ordered chain's Nats-Expected-Last-Msg-Id
 
 
 class MessageTransform:
-    """Source message -> target subject and headers: original headers kept, provenance and msg id added.
-
-    `Nats-Expected-*` headers are dropped: they were the publisher's conditions on the source stream
-    (expected stream name, last sequence, last msg id), already enforced when the message was
-    stored there. Evaluated again against the target they fail (another name, other sequences) and
-    the copy could never land; the previous hop's own chain header is one of them.
-    """
+    """The header policy (`headers.py`) applied to the source's headers, then this hop's own
+    provenance and `Nats-Msg-Id` added (`provenance.py`); the subject rewritten."""
 
     def __init__(self, ep: Endpoints) -> None:
         self.rewrite = SubjectRewriter(ep.profile.settings)
-        self.source_stream = ep.source_stream
-        self.name = ep.profile.base_name
-        self.id_prefix = f"{ep.source_stream}:"
+        self.writer = Writer(ep.source_stream, ep.profile.base_name, "")
+        self.policy = HeaderPolicy()
+
+    def set_writer(self, identity: str) -> None:
+        """The source stream instance this copier reads (see `provenance.stream_identity`)."""
+        self.writer = Writer(self.writer.source_stream, self.writer.name, identity)
+
+    def set_features(self, features: TargetFeatures) -> None:
+        self.policy = HeaderPolicy(features)
 
     def headers(self, msg: Msg, seq: int, ts_ns: int) -> dict[str, str]:
-        headers = dict(msg.headers) if msg.headers else {}
-        if headers:
-            for key in [k for k in headers if k.startswith(EXPECTED_PREFIX)]:
-                del headers[key]
-        headers[PROVENANCE] = provenance(self.source_stream, seq, self.name, ts_ns)
-        if MSG_ID not in headers:
-            headers[MSG_ID] = f"{self.id_prefix}{seq}"
-        return headers
+        return self.build(msg, seq, ts_ns).headers
+
+    def build(self, msg: Msg, seq: int, ts_ns: int) -> Copy:
+        applied = self.policy.apply(msg.headers)
+        headers = applied.headers
+        writer = self.writer
+        headers[PROVENANCE] = writer.provenance(seq, ts_ns)
+        headers[MSG_ID] = writer.msg_id(seq)
+        return Copy(self.rewrite(msg.subject), headers, b"" if applied.empty_payload else msg.data,
+                    applied.chainable)

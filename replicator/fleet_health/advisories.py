@@ -1,4 +1,5 @@
-"""Advisory messages (the `stream-replicator/v1/age_advisory` contract) as typed DataFrame rows.
+"""Advisory messages (the `https://choria.io/schemas/sr/v1/age_advisory.json` contract) as typed
+DataFrame rows.
 
 Validation stays in Spark SQL (no Python UDF) so that parsing scales like the read. Malformed
 messages are kept, flagged, so they can be counted; string fields take any JSON scalar as its
@@ -11,7 +12,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-ADVISORY_SCHEMA_ID = "stream-replicator/v1/age_advisory"
+ADVISORY_SCHEMA_ID = "https://choria.io/schemas/sr/v1/age_advisory.json"
+# Also valid: what the previous release wrote, still in advisory streams after an upgrade.
+ADVISORY_SCHEMA_IDS = (ADVISORY_SCHEMA_ID, "stream-replicator/v1/age_advisory")
 EVENTS = ("new", "timeout", "recover", "expire")
 
 ADVISORY_FIELDS = StructType(
@@ -43,7 +46,7 @@ def _is_valid(a: Column) -> Column:
         a.isNotNull(),
         *required,
         *non_empty,
-        a["$schema"] == F.lit(ADVISORY_SCHEMA_ID),
+        a["$schema"].isin(*ADVISORY_SCHEMA_IDS),
         a["event"].isin(*EVENTS),
     ]
     valid = checks[0]

@@ -22,6 +22,9 @@ COUNTERS = {
     "failed_msgs": "Publish attempts to the target that failed (retried; poison messages are skipped)",
     "acks_failed": "Acknowledgements to the source that could not be sent",
     "too_old_msgs": "Source messages older than max_age, acknowledged without copying",
+    "poison_msgs": "Messages the target can never take, given up (dead-lettered or skipped; each logged once)",
+    "dead_letter_msgs": "Poison messages published to the dead_letter subject",
+    "chain_restarts": "Ordered chain restarts because another writer stored a message in between (fan-in)",
     "connection_reconnections": "Reconnections of a NATS connection",
     "connection_closed": "NATS connections closed",
     "connection_errors": "NATS connection errors",
@@ -42,6 +45,7 @@ GAUGES = {
     "limiter_memory_seen": "Senders the limiter currently tracks",
     "leader": "1 while this worker is the elected leader of its topic (or election is off), else 0",
     "target_blocked": "1 while the target refuses messages (e.g. stream full), else 0",
+    "stuck": "1 while a message keeps failing with an error this release does not classify (after 60 s), else 0",
 }
 
 HISTOGRAMS = {
@@ -89,6 +93,9 @@ class WorkerMetrics:
         self.failed_msgs = c["failed_msgs"]
         self.acks_failed = c["acks_failed"]
         self.too_old_msgs = c["too_old_msgs"]
+        self.poison_msgs = c["poison_msgs"]
+        self.dead_letter_msgs = c["dead_letter_msgs"]
+        self.chain_restarts = c["chain_restarts"]
         self.reconnections = c["connection_reconnections"]
         self.closed = c["connection_closed"]
         self.errors = c["connection_errors"]
@@ -103,4 +110,5 @@ class WorkerMetrics:
         self.limiter_seen = g["limiter_memory_seen"]
         self.leader = g["leader"]
         self.target_blocked = g["target_blocked"]
+        self.stuck = g["stuck"]
         self.processing_time = m.histograms["processing_time"].labels(**labels)

@@ -35,7 +35,7 @@ from replicator.sampling.state.records import ANNOUNCED, Sender, scan_interval
 
 log = logging.getLogger(__name__)
 
-SCHEMA_ID = "stream-replicator/v1/age_advisory"
+SCHEMA_ID = "https://choria.io/schemas/sr/v1/age_advisory.json"  # the legacy tool's value: its consumers keep working
 EVENTS = ("new", "timeout", "recover", "expire")
 RETRIES = 10
 STREAM_RECHECK = 30.0

@@ -57,8 +57,11 @@ class Replicator:
             self.monitor_port = self.profile.settings.monitor
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
+        """Every worker connected and bound (or a standby), and none stuck on an unclassified error."""
         detail = {w.name: ("ready" if w.ready else "not ready") for w in self.workers}
-        return bool(self.workers) and all(w.ready for w in self.workers), {"workers": detail}
+        stuck = {loop.ep.worker: loop.stuck.stuck for loop in self.loops if loop.stuck.stuck}
+        ready = bool(self.workers) and all(w.ready for w in self.workers) and not stuck
+        return ready, {"workers": detail, **({"stuck": stuck} if stuck else {})}
 
     def install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -66,7 +69,7 @@ class Replicator:
             loop.add_signal_handler(sig, self.stop)
 
     def stop(self) -> None:
-        if not self.stopper.stopping:
+        if not self.stopper.stopping and self.loops:  # still starting: nothing in flight to finish
             log.info("stopping: finishing in-flight messages")
         self.stopper.stop()
         for loop in self.loops:
@@ -106,9 +109,10 @@ class Replicator:
             raise
         first = self.workers[0]
         assert first.source and first.target
-        source_stream, target_stream = await self._streams(first.source, first.target)
-        if self.stopper.stopping:
+        streams = await self._streams(first.source, first.target)
+        if streams is None or self.stopper.stopping:
             return
+        source_stream, target_stream = streams
         try:
             self.sampling = await SamplingPlane.create(self.profile, first.source, first.target, worker_metrics,
                                                        self.stopper)
@@ -124,9 +128,10 @@ class Replicator:
         finally:
             await self.sampling.close()
 
-    async def _streams(self, source: Client, target: Client) -> tuple[str, str]:
+    async def _streams(self, source: Client, target: Client) -> tuple[str, str] | None:
+        """(source stream, target stream), retried until they are usable; None if stopped first."""
         delay = 0.5
-        while True:
+        while not self.stopper.stopping:
             try:
                 source_stream = await find_source_stream(source.jetstream(), self.profile.settings)
                 target_stream = await ensure_target_stream(source.jetstream(), target.jetstream(),
@@ -135,11 +140,12 @@ class Replicator:
             except StreamSetupError as err:
                 log.error("%s (retrying)", err)
             except Exception as err:
+                if self.stopper.stopping:
+                    break
                 log.warning("stream set-up failed: %s (retrying)", err)
-            if self.stopper.stopping:
-                raise StreamSetupError("stopped before the streams were ready")
             await self.stopper.sleep(delay)
             delay = min(delay * 2, 10.0)
+        return None
 
     def _endpoints(self, w: WorkerState, m: WorkerMetrics, source_stream: str, target_stream: str) -> Endpoints:
         assert w.source and w.target

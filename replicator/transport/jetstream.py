@@ -70,11 +70,6 @@ class PublishError(Exception):
         self.status = status
 
 
-# JetStream errors that will never succeed on retry: the message itself is unacceptable.
-PERMANENT_CODES = frozenset({10054})  # message size exceeds maximum allowed
-WRONG_LAST_MSG_ID = 10070
-STREAM_FULL_HINTS = ("maximum messages", "maximum bytes", "resource limits", "insufficient resources")
-
 
 def ack_tokens(reply: str) -> list[str]:
     """The metadata tokens of a JetStream ack subject, unconverted: index them with the `ACK_*`
@@ -206,12 +201,13 @@ class Puller:
 
 
 class Publisher:
-    """Publishes to JetStream without waiting: each call returns a future settled by the PubAck."""
+    """Publishes to JetStream without waiting: each call returns a future settled by the PubAck
+    (its raw JSON, parsed only by whoever needs a field of it) or a `PublishError`."""
 
     def __init__(self, nc: Client, *, wake: asyncio.Event | None = None) -> None:
         self.nc = nc
         self.wake = wake
-        self._futures: dict[str, asyncio.Future[None]] = {}
+        self._futures: dict[str, asyncio.Future[bytes]] = {}
         self._ids = itertools.count(1)
         self._prefix = ""
         self._sub: Subscription | None = None
@@ -234,9 +230,9 @@ class Publisher:
 
     async def publish(
         self, subject: str, data: bytes, headers: dict[str, str] | None
-    ) -> asyncio.Future[None]:
+    ) -> asyncio.Future[bytes]:
         token = str(next(self._ids))
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._futures[token] = fut
         try:
             await send_hpub(self.nc, subject, f"{self._prefix}.{token}", headers, data)
@@ -267,7 +263,7 @@ class Publisher:
             fut.set_exception(PublishError(err.get("description", "error"), int(err.get("err_code", 0)),
                                            int(err.get("code", 0))))
         else:
-            fut.set_result(None)
+            fut.set_result(msg.data)
         if self.wake is not None:
             self.wake.set()
 

@@ -1,10 +1,14 @@
-"""Source and target streams: find the source, create the target from the source's config."""
+"""Source and target streams: find the source, create the target from the source's config, read
+a stream's creation time, and note a consumer's state in its metadata."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 from dataclasses import replace
 
+from nats.aio.client import Client
 from nats.js.api import StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -69,3 +73,37 @@ def _drop_unset(cfg: StreamConfig) -> StreamConfig:
     if cfg.metadata:
         cfg = replace(cfg, metadata={k: v for k, v in cfg.metadata.items() if not k.startswith("_nats")})
     return cfg
+
+
+async def stream_created(nc: Client, stream: str, api_prefix: str = "$JS.API", timeout: float = 5.0) -> str:
+    """The stream's `created` time exactly as the server sends it (nanoseconds, UTC), which tells a
+    re-created stream from its former self; nats-py's StreamInfo keeps only microseconds."""
+    reply = await nc.request(f"{api_prefix}.STREAM.INFO.{stream}", b"", timeout=timeout)
+    body = json.loads(reply.data)
+    if "error" in body:
+        err = body["error"]
+        if err.get("err_code") == 10059:
+            raise StreamSetupError(f"stream {stream!r} does not exist")
+        raise StreamSetupError(f"stream {stream!r}: {err.get('description', err)}")
+    created = str(body["created"])
+    if not created.endswith("Z"):  # a non-UTC offset: normalise as the server's identity does (UTC)
+        head, _, frac = created.partition(".")
+        digits = "".join(ch for ch in frac if ch.isdigit())
+        offset = frac[len(digits):]
+        when = dt.datetime.fromisoformat(head + offset).astimezone(dt.UTC)
+        created = when.strftime("%Y-%m-%dT%H:%M:%S") + (f".{digits.rstrip('0')}" if digits.strip("0") else "") + "Z"
+    return created
+
+
+async def set_consumer_note(js: JetStreamContext, stream: str, consumer: str, key: str, value: str | None) -> None:
+    """Set (or with None remove) one metadata entry of an existing consumer, the rest unchanged:
+    state that `stream-replicator report` and `nats consumer info` can show from anywhere."""
+    config = (await js.consumer_info(stream, consumer)).config
+    metadata = {k: v for k, v in (config.metadata or {}).items() if not k.startswith("_nats")}
+    if value is None and key not in metadata:
+        return
+    if value is None:
+        metadata.pop(key)
+    else:
+        metadata[key] = value
+    await js.add_consumer(stream, replace(config, metadata=metadata))

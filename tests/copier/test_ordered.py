@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
+from replicator.copier.provenance import stream_identity, writer_id
 from tests.copier.helpers import (
     InProcess,
     indices,
@@ -27,6 +29,8 @@ async def test_ordered_copies_everything_in_order(source_server, target_server, 
 
 
 async def test_headers_preserved_provenance_and_msg_id(source_server, target_server, source_nc, target_nc):
+    """Original headers kept; the publisher's own Nats-Msg-Id kept renamed; the copy's Nats-Msg-Id and
+    provenance name this writer: the source stream instance (nats-server's identity) and the name."""
     await make_stream(source_nc)
     js = source_nc.jetstream()
     await js.publish("fleet.a", b"one", headers={"X-Site": "ams", "Content-Type": "application/json"})
@@ -37,10 +41,12 @@ async def test_headers_preserved_provenance_and_msg_id(source_server, target_ser
     first, second = await read_all(target_nc, "FLEET")
     assert first.data == b"one" and first.headers["X-Site"] == "ams"
     assert first.headers["Content-Type"] == "application/json"
-    assert first.headers["Nats-Msg-Id"] == "FLEET:1"
-    stream, seq, name, ts = first.headers["Stream-Replicator-Source"].split(" ")
-    assert (stream, seq, name) == ("FLEET", "1", "edge") and int(ts) > 1_600_000_000_000
-    assert second.headers["Nats-Msg-Id"] == "mine-1"
+    created = json.loads((await source_nc.request("$JS.API.STREAM.INFO.FLEET", b"")).data)["created"]
+    writer = writer_id("FLEET", stream_identity(created), "edge")
+    assert first.headers["Nats-Msg-Id"] == f"{writer}:1" and second.headers["Nats-Msg-Id"] == f"{writer}:2"
+    stream, seq, name, ts, by = first.headers["Stream-Replicator-Source"].split(" ")
+    assert (stream, seq, name, by) == ("FLEET", "1", "edge", writer) and int(ts) > 1_600_000_000_000
+    assert second.headers["Stream-Replicator-Orig-Nats-Msg-Id"] == "mine-1"
 
 
 async def test_subject_rewrite_and_target_created_from_source(source_server, target_server, source_nc, target_nc):

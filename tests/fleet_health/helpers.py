@@ -38,6 +38,9 @@ HISTORY: list[tuple[str, str, str, int, int]] = [
     ("edge/west 1", "n6", "timeout", 1200, 700),  # arrives last, belongs between 1000 and 1500
 ]
 
+# The current id and the previous release's, both valid (advisory streams outlive upgrades).
+SCHEMA_IDS = ("https://choria.io/schemas/sr/v1/age_advisory.json", "stream-replicator/v1/age_advisory")
+
 MALFORMED: list[bytes] = [
     b"not json at all",
     json.dumps(
@@ -102,7 +105,7 @@ def advisory(index: int) -> bytes:
     replicator, value, event, ts, seen = HISTORY[index]
     return json.dumps(
         {
-            "$schema": "stream-replicator/v1/age_advisory",
+            "$schema": SCHEMA_IDS[index % 2],
             "event_id": f"ev-{index}",
             "event": event,
             "inspect": "sender",

@@ -104,7 +104,7 @@ async def test_each_event_at_its_time(target_nc: Client, clock: FakeClock) -> No
         new1, timeout1, recover, timeout2, expire, new2 = advisories
         for a in advisories:
             assert (a["$schema"], a["inspect"], a["value"], a["replicator"], a["topic"]) == (
-                "stream-replicator/v1/age_advisory", "sender", "n1", "dc1", "acme.cmdb")
+                "https://choria.io/schemas/sr/v1/age_advisory.json", "sender", "n1", "dc1", "acme.cmdb")
         assert (new1["seen"], new1["age"], new1["timestamp"]) == (int(start), 0, int(start))
         assert (timeout1["seen"], timeout1["age"], timeout1["timestamp"]) == (int(start), 4, int(start + 4.1))
         assert (recover["seen"], recover["age"]) == (int(start + 6), 6)  # silent for 6 s

@@ -23,6 +23,7 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from replicator.copier.headers import HeaderPolicy
 from replicator.copier.provenance import MSG_ID, PROVENANCE, parse_provenance
 
 
@@ -32,6 +33,11 @@ class StoredMsg:
     subject: str
     data: bytes
     headers: dict[str, str]
+
+    @property
+    def writer(self) -> str | None:
+        prov = parse_provenance(self.headers.get(PROVENANCE))
+        return prov.writer if prov else None
 
     @property
     def source_seq(self) -> int:
@@ -180,12 +186,17 @@ class Outcome:
                 str(self.out_of_order), recover, self.notes)
 
 
-EXPECTED = "Nats-Expected-"  # publish conditions: dropped from copies; the ordered chain adds its own
+EXPECTED = "Nats-Expected-"  # the ordered chain's own check, stored with each copy
 
 
 def compare(scenario: str, source: list[StoredMsg], target: list[StoredMsg], *, recover_s: float | None,
-            faults: int = 1, notes: str = "", expected_subject: str | None = None) -> Outcome:
-    """Target against source: lost, duplicated, out of order, and byte-exact payload and headers."""
+            faults: int = 1, notes: str = "", expected_subject: str | None = None,
+            writer: str | None = None) -> Outcome:
+    """Target against source: lost, duplicated, out of order, and byte-exact payload and headers (as
+    the header policy for a target without TTLs, roll-ups or counters makes them). `writer`: only
+    the copies of that writer count (a target that several sources fan into)."""
+    if writer is not None:
+        target = [m for m in target if m.writer == writer]
     by_seq = {m.seq: m for m in source}
     seqs = [m.source_seq for m in target]
     unique = set(seqs)
@@ -198,10 +209,9 @@ def compare(scenario: str, source: list[StoredMsg], target: list[StoredMsg], *, 
         if original is None:
             mismatched += 1
             continue
-        headers = {k: v for k, v in m.headers.items() if k != PROVENANCE and not k.startswith(EXPECTED)}
-        wanted = {k: v for k, v in original.headers.items() if not k.startswith(EXPECTED)}
-        if MSG_ID not in original.headers:
-            headers.pop(MSG_ID, None)
+        headers = {k: v for k, v in m.headers.items()
+                   if k not in (PROVENANCE, MSG_ID) and not k.startswith(EXPECTED)}
+        wanted = HeaderPolicy().apply(original.headers).headers
         if m.data != original.data or headers != wanted or (
             expected_subject is None and m.subject != original.subject
         ):
