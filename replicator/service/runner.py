@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from nats.aio.client import Client
 
@@ -23,6 +25,7 @@ from replicator.transport.connections import ConnectError, connect
 from replicator.transport.streams import StreamSetupError, ensure_target_stream, find_source_stream
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -91,7 +94,8 @@ class Replicator:
                 for nc in (w.source, w.target):
                     if nc is not None and not nc.is_closed:
                         with contextlib.suppress(Exception):
-                            await nc.drain()
+                            # drain when connected; a connection still (re)connecting is just closed
+                            await (nc.drain() if nc.is_connected else nc.close())
             if self.monitor is not None:
                 await self.monitor.stop()
 
@@ -129,23 +133,44 @@ class Replicator:
             await self.sampling.close()
 
     async def _streams(self, source: Client, target: Client) -> tuple[str, str] | None:
-        """(source stream, target stream), retried until they are usable; None if stopped first."""
+        """(source stream, target stream), retried until they are usable; None if stopped first
+        (at once: a request to an unreachable server is abandoned, not waited out)."""
         delay = 0.5
         while not self.stopper.stopping:
             try:
-                source_stream = await find_source_stream(source.jetstream(), self.profile.settings)
-                target_stream = await ensure_target_stream(source.jetstream(), target.jetstream(),
-                                                           self.profile.settings, source_stream)
-                return source_stream, target_stream
+                return await self._until_stopped(self._set_up_streams(source, target))
             except StreamSetupError as err:
                 log.error("%s (retrying)", err)
+            except asyncio.CancelledError:
+                if not self.stopper.stopping:
+                    raise
             except Exception as err:
-                if self.stopper.stopping:
-                    break
-                log.warning("stream set-up failed: %s (retrying)", err)
+                if not self.stopper.stopping:
+                    log.warning("stream set-up failed: %s (retrying)", err)
             await self.stopper.sleep(delay)
             delay = min(delay * 2, 10.0)
         return None
+
+    async def _set_up_streams(self, source: Client, target: Client) -> tuple[str, str]:
+        source_stream = await find_source_stream(source.jetstream(), self.profile.settings)
+        target_stream = await ensure_target_stream(source.jetstream(), target.jetstream(), self.profile.settings,
+                                                   source_stream)
+        return source_stream, target_stream
+
+    async def _until_stopped(self, work: Coroutine[Any, Any, T]) -> T | None:
+        """`work`'s result, or None as soon as a stop is requested (the work is cancelled)."""
+        task = asyncio.ensure_future(work)
+        stopping = asyncio.ensure_future(self.stopper.event.wait())
+        try:
+            await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            return None
+        return task.result()
 
     def _endpoints(self, w: WorkerState, m: WorkerMetrics, source_stream: str, target_stream: str) -> Endpoints:
         assert w.source and w.target

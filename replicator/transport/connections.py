@@ -239,7 +239,8 @@ class _FirstConnect:
             self.metrics.errors.inc()
         reason = None if self.connected else permanent_reason(err)
         if reason is None:
-            log.warning("%s connection %s error: %s", self.side, self.name, _describe(err))
+            if not self.stopping():  # closing a connection that is still reconnecting fails its attempt
+                log.warning("%s connection %s error: %s", self.side, self.name, _describe(err))
             return
         self.permanent += 1
         if self.permanent == 1:

@@ -59,3 +59,35 @@ def test_sigterm_while_the_servers_are_unreachable(tmp_path: Path) -> None:
     assert took < 5, f"{took:.1f}s to stop while connecting"
     assert code == 0, output[-3000:]
     assert "Traceback" not in output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+async def test_sigterm_while_stream_set_up_retries_with_the_servers_gone(
+    tmp_path: Path, source_server: LocalNatsServer, target_server: LocalNatsServer
+) -> None:
+    """Connected, but the source stream does not exist yet (stream set-up retrying), then both
+    servers go away: SIGTERM still ends the process at once, exit 0, with one log line for the
+    stop and no traceback."""
+    path = write_config(tmp_path / "sr.yaml", topic_config(source_server.url, target_server.url))
+    log = tmp_path / "worker.log"
+    proc = spawn(path, log_path=log)
+    try:
+        assert await wait_log(log, "no source stream captures subject", 15) is not None, log.read_text()
+        await asyncio.to_thread(source_server.stop)
+        await asyncio.to_thread(target_server.stop)
+        await asyncio.sleep(2)
+        assert proc.poll() is None
+        before = log.stat().st_size
+        began = time.monotonic()
+        code = stop(proc, timeout=20)
+        took = time.monotonic() - began
+    finally:
+        if proc.poll() is None:
+            stop(proc, kill=True)
+    after = log.read_bytes()[before:].decode().splitlines()
+    output = log.read_text()
+    assert code == 0, output[-3000:]
+    assert took < 5, f"{took:.1f}s to stop while setting up streams"
+    assert "Traceback" not in output and "Task exception" not in output, output[-3000:]
+    assert len(after) == 1 and "stopped" in after[0], after
