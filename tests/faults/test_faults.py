@@ -14,6 +14,7 @@ import json
 import random
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,23 +55,35 @@ async def warm_up(rig: Rig, rate: float = 400.0, **config: object) -> None:
     assert await wait_count(rig.target_nc, STREAM, 300, 30) is not None, rig.log_tail()
 
 
-@pytest.mark.timeout(120)
-async def test_kill_9_ten_times_in_a_row(rig: Rig) -> None:
-    """A worker killed at random points (even before it connects) resumes from the target's last
-    provenance header every time: no gap, no duplicate, across ten crashes in a row."""
+@pytest.fixture
+def city2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
+    """A second source with a same-named stream fanning into the same target (the kill -9 rows)."""
+    server = LocalNatsServer(name="city2", store_dir=tmp_path_factory.mktemp("city2-js")).start()
+    yield server
+    server.close()
+
+
+@pytest.mark.timeout(150)
+async def test_kill_9_ten_times_in_a_row(rig: Rig, city2: LocalNatsServer) -> None:
+    """Two cities' replicators (same stream name, same config but the URL) fan into one target and
+    are killed at random points (even before they connect), each time both: each resumes from its
+    own newest copy among the other's: no gap, no duplicate, in order, across ten crashes."""
     rng = random.Random(20240607)
+    await rig.add_city(city2)
     await rig.stream()
     rig.write_config()
     rig.publish()
     for _ in range(10):
-        proc = rig.spawn()
+        procs = [rig.spawn(), rig.spawn(city=True)]
         await asyncio.sleep(rng.uniform(0.4, 2.5))
-        rig.kill(proc)
+        for proc in rng.sample(procs, 2):
+            rig.kill(proc)
     began = time.monotonic()
     rig.spawn()
+    rig.spawn(city=True)
     recover = await rig.time_to_catch_up(began)
-    await rig.finish("kill -9 of the worker, 10 times (ordered)", recover_s=recover, faults=10,
-                     notes="recover: from the last restart")
+    await rig.finish("kill -9 of the workers, 10 times (ordered, 2 sources -> 1 target)", recover_s=recover,
+                     faults=10, notes="recover: from the last restart")
 
 
 SERVER_DOWN_NOTES = {"target": "recover: from the restart", "source": "publishing retried during the outage"}
@@ -159,16 +172,20 @@ async def test_target_stream_full_backs_off_alerts_and_resumes(rig: Rig) -> None
 
 
 @pytest.mark.timeout(150)
-async def test_scaled_one_of_two_processes_killed(rig: Rig) -> None:
+async def test_scaled_one_of_two_processes_killed(rig: Rig, city2: LocalNatsServer) -> None:
     """Two processes share the group's durable; one dies mid-stream. Its unacknowledged messages
-    come back after the consumer's ack wait (30 s) and the survivor copies them: nothing lost."""
+    come back after the consumer's ack wait (30 s) and the survivor copies them: nothing lost, and
+    the target's duplicate window drops the copies that had landed. A second city's group writes
+    into the same target meanwhile."""
+    await rig.add_city(city2)
     await rig.stream()
     rig.target_proxy.set_delay(0.05)  # 100 ms RTT to the target: each worker holds messages in flight
     rig.write_config(workers=2, queue_group="fleet_grp", name=None, monitor=None)
     a = rig.spawn(instance="pod0", log=rig.tmp / "pod0.log")
     rig.spawn(instance="pod1", log=rig.tmp / "pod1.log")
+    rig.spawn(instance="city2", city=True)
     rig.publish(rate=1000)
-    assert await wait_count(rig.target_nc, STREAM, 2000, 30) is not None, rig.log_tail()
+    assert await wait_count(rig.target_nc, STREAM, 4000, 30) is not None, rig.log_tail()
     js = rig.source_nc.jetstream()
     killed = time.monotonic()
     rig.kill(a)
@@ -185,9 +202,10 @@ async def test_scaled_one_of_two_processes_killed(rig: Rig) -> None:
             break
         await asyncio.sleep(0.5)
     assert recover is not None, f"the group still holds unacknowledged messages: {info}"
-    await rig.finish("scaled: 1 of 2 processes killed", recover_s=recover, ordered=False,
-                     notes=f"unordered by design; {stuck} held by the victim, redelivered after the "
-                           "30 s ack wait; recover: until the group is clean")
+    outcome = await rig.finish("scaled: 1 of 2 processes killed (2 sources -> 1 target)", recover_s=recover,
+                               ordered=False, notes=f"unordered by design; {stuck} held by the victim, redelivered "
+                                                    "after the 30 s ack wait; recover: until the group is clean")
+    assert outcome.duplicated == 0, f"the duplicate window let a redelivered copy through: {outcome}"
 
 
 async def _leaders(ports: list[int], workers: list[str]) -> list[float | None]:
@@ -202,11 +220,14 @@ async def _leaders(ports: list[int], workers: list[str]) -> list[float | None]:
 
 
 @pytest.mark.timeout(150)
-async def test_leader_election_leader_killed_under_load(rig: Rig) -> None:
+async def test_leader_election_leader_killed_under_load(rig: Rig, city2: LocalNatsServer) -> None:
     """Ordered hot standby: two processes, one copies. Killing the leader under load hands over to
-    the standby within the election TTL, with nothing lost, duplicated or reordered."""
+    the standby within the election TTL, with nothing lost, duplicated or reordered, while a second
+    city's replicator writes into the same target."""
+    await rig.add_city(city2)
     await rig.stream()
     rig.write_config(leader_election=True, leader_election_ttl="3s", monitor=None)
+    rig.spawn(instance="city2", city=True)
     ports = [free_port(), free_port()]
     workers = ["sr_pod0_0", "sr_pod1_0"]
     procs = [rig.spawn("--monitor", str(port), instance=f"pod{i}", log=rig.tmp / f"pod{i}.log")
@@ -226,7 +247,7 @@ async def test_leader_election_leader_killed_under_load(rig: Rig) -> None:
     leader = procs[leaders.index(1.0)]
     rig.kill(leader)
     recover = await rig.time_to_catch_up(time.monotonic(), within=60)
-    await rig.finish("leader election: leader killed under load", recover_s=recover,
+    await rig.finish("leader election: leader killed under load (2 sources -> 1 target)", recover_s=recover,
                      notes="ttl 3 s; recover: from the kill")
 
 
