@@ -9,10 +9,10 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client
 
-import nats
 from replicator.copier.provenance import stream_identity, writer_id
 from replicator.demo.local_nats import LocalNatsServer
 from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config

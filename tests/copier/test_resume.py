@@ -8,6 +8,7 @@ import asyncio
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -15,8 +16,16 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from replicator.copier.provenance import PROVENANCE, parse_provenance
 from replicator.demo.local_nats import LocalNatsServer
-from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, spawn, stop, topic_config, \
-    write_config
+from tests.copier.helpers import (
+    InProcess,
+    make_stream,
+    profile_for,
+    publish_many,
+    spawn,
+    stop,
+    topic_config,
+    write_config,
+)
 from tests.copier.test_fan_in import writer_of
 from tests.support.faults import ContinuousPublisher, compare, read_stream, wait_count
 
@@ -95,7 +104,7 @@ async def test_upgrade_from_the_previous_release_loses_and_duplicates_nothing(
                                                   deliver_policy=DeliverPolicy.ALL, filter_subject="fleet.>",
                                                   max_ack_pending=4000))
     psub = await js.pull_subscribe_bind("sr", "FLEET")
-    got = []
+    got: list[Any] = []
     while len(got) < delivered:
         got += await psub.fetch(min(500, delivered - len(got)), timeout=5)
     await got[floor - 1].ack_sync()  # AckAll up to the floor

@@ -65,6 +65,10 @@ async def publish_round(ncs: dict[str, Client], rnd: int) -> None:
             await js.publish(f"choria.registration.shard{n % 3}", json.dumps(body).encode())
 
 
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(p.read_text()[-2000:] for p in sorted(tmp_path.glob("*.log")))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 async def test_cities_region_centre(tmp_path: Path, tree: dict[str, LocalNatsServer]) -> None:
@@ -84,10 +88,9 @@ async def test_cities_region_centre(tmp_path: Path, tree: dict[str, LocalNatsSer
             await publish_round(cities, rnd)
             await asyncio.sleep(0.3)
         total = 2 * SENDERS * ROUNDS
-        logs = "\n".join(p.read_text()[-2000:] for p in sorted(tmp_path.glob("*.log")))
-        assert await wait_count(ncs["region"], REG, total, 60) is not None, logs
-        assert await wait_count(ncs["centre"], REG, 2 * SENDERS, 60) is not None, logs
-        assert await wait_count(ncs["centre"], ADV, 2 * SENDERS, 60) is not None, logs
+        assert await wait_count(ncs["region"], REG, total, 60) is not None, _logs(tmp_path)
+        assert await wait_count(ncs["centre"], REG, 2 * SENDERS, 60) is not None, _logs(tmp_path)
+        assert await wait_count(ncs["centre"], ADV, 2 * SENDERS, 60) is not None, _logs(tmp_path)
         await asyncio.sleep(2.0)  # a late duplicate would land now
     finally:
         codes = [stop(p) for p in procs]
