@@ -255,3 +255,16 @@ def test_readme_states_make_demo_and_make_test_first() -> None:
     before = "\n".join(lines[:first_fence])
     earlier = [span for _, span in CODE_SPAN.findall(before) if span.split()[0] in COMMANDS]
     assert not earlier, f"README.md names other commands before `make demo` and `make test`: {earlier}"
+
+
+def test_the_header_policy_and_the_error_classes_are_documented_in_full() -> None:
+    """Every row of the header policy table and every classified publish error code appears on the
+    reliability page, so the manual cannot fall behind the tables the copier runs on."""
+    from replicator.copier.failures import CODES
+    from replicator.copier.headers import RULES
+
+    page = (DOCS / "reliability.md").read_text()
+    for rule in RULES:
+        assert f"`{rule.name.rstrip('*')}" in page, rule.name
+    missing = [code for code in CODES if str(code) not in page]
+    assert not missing, f"error codes classified but not documented: {missing}"
