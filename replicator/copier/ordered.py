@@ -19,12 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
 
+from replicator.copier import durable
 from replicator.copier.control import Backoff, Stopper, wait_wake
 from replicator.copier.endpoints import (
-    ACK_WAIT,
     POISON_ATTEMPTS,
     PUBLISH_TIMEOUT,
     Endpoints,
@@ -144,14 +142,8 @@ class OrderedCopier:
                                        self.transform.writer)
         name = ep.profile.durable_name
         where = await resume_point(self.position, ep.source_js, ep.source_stream, name, topic)
-        with contextlib.suppress(NotFoundError):
-            await ep.source_js.delete_consumer(ep.source_stream, name)
-        position: dict[str, object]
-        if where.resuming:
-            position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": where.next_seq}
-        else:
-            position = start_position(ep.profile)
-        await ep.source_js.add_consumer(ep.source_stream, self._consumer_config(position))
+        position = durable.at(where.next_seq) if where.resuming else start_position(ep.profile)
+        await durable.place(ep, position, self.max_in_flight)
         self.committed = where.next_seq - 1 if where.resuming else 0
         self.confirmed_target = where.target_seq
         self.bound_at_ns = time.time_ns()
@@ -161,18 +153,6 @@ class OrderedCopier:
         log.info("%s bound to %s/%s at %s (writer %s)", ep.worker, ep.source_stream, name,
                  f"sequence {where.next_seq}" if where.resuming else position["deliver_policy"],
                  self.transform.writer.id)
-
-    def _consumer_config(self, position: dict[str, object]) -> ConsumerConfig:
-        ep = self.ep
-        return ConsumerConfig(
-            durable_name=ep.profile.durable_name,
-            ack_policy=AckPolicy.ALL,
-            ack_wait=ACK_WAIT,
-            max_ack_pending=self.max_in_flight * 2,
-            filter_subject=ep.profile.settings.topic,
-            max_waiting=512,
-            **position,  # type: ignore[arg-type]
-        )
 
     # ---- main loop ----
     async def run(self) -> None:
@@ -536,12 +516,8 @@ class OrderedCopier:
         assert self.puller is not None
         ep = self.ep
         resume = max(self.committed, self.window[-1].last_seq if self.window else 0) + 1
-        position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": resume}
         try:
-            if delete:
-                with contextlib.suppress(NotFoundError):
-                    await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
-            await ep.source_js.add_consumer(ep.source_stream, self._consumer_config(position))
+            await durable.place(ep, durable.at(resume), self.max_in_flight, delete=delete)
             await self.puller.restart()
             self.last_cseq = 0
             self.gap = None
@@ -573,19 +549,7 @@ class OrderedCopier:
             await self.ep.source_nc.flush(timeout=2)
         if not self.window and self.committed:
             with contextlib.suppress(Exception):
-                await self._park()
-
-    async def _park(self) -> None:
-        """Recreate the durable at committed + 1: nothing delivered-but-unacknowledged remains, so a
-        restart resumes from the ack floor alone (delivered messages never published count as
-        uncertain, and would make the next start search the target)."""
-        ep = self.ep
-        info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.durable_name)
-        if not info.num_ack_pending:
-            return
-        position = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": self.committed + 1}
-        await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
-        await ep.source_js.add_consumer(ep.source_stream, self._consumer_config(position))
+                await durable.park(self.ep, self.committed, self.max_in_flight)
 
 
 def _settled(fut: asyncio.Future[bytes] | None) -> None:

@@ -1,0 +1,47 @@
+"""Ordered mode's durable consumer on the source: always (re)created at an explicit position.
+
+The server's redelivery order cannot be trusted for messages that were in flight when a worker
+died, so the ordered worker never resumes a durable as it stands: it deletes it and creates it
+again right after what it knows has landed (`position.resume_point`), after what it holds, or,
+at a clean stop, exactly at the copy position (so the next start needs no search of the target).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from replicator.copier.endpoints import ACK_WAIT, Endpoints
+
+
+def at(seq: int) -> dict[str, object]:
+    """The consumer settings that start delivery at source sequence `seq`."""
+    return {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": seq}
+
+
+async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, *, delete: bool = True) -> None:
+    """Create the durable at `position` (`at(seq)`, or a first-start position), replacing it."""
+    if delete:
+        with contextlib.suppress(NotFoundError):
+            await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
+    config = ConsumerConfig(
+        durable_name=ep.profile.durable_name,
+        ack_policy=AckPolicy.ALL,
+        ack_wait=ACK_WAIT,
+        max_ack_pending=max_in_flight * 2,
+        filter_subject=ep.profile.settings.topic,
+        max_waiting=512,
+        **position,  # type: ignore[arg-type]
+    )
+    await ep.source_js.add_consumer(ep.source_stream, config)
+
+
+async def park(ep: Endpoints, committed: int, max_in_flight: int) -> None:
+    """At a clean stop: recreate the durable at `committed + 1` when it holds delivered but
+    unacknowledged messages (pulled, never published), which a restart would otherwise have to
+    treat as uncertain and search the target for."""
+    info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.durable_name)
+    if info.num_ack_pending:
+        await place(ep, at(committed + 1), max_in_flight)
