@@ -54,7 +54,7 @@ async def test_same_named_streams_fan_into_one_target(
     try:
         for nc in (source_nc, nc2):
             await make_stream(nc)
-            await publish_many(nc, 1500)
+            await publish_many(nc, 600)
         extra = SCALED if mode == "scaled" else {}
         configs = [
             topic_config(url, target_server.url, **{**extra, "name": name})
@@ -64,13 +64,13 @@ async def test_same_named_streams_fan_into_one_target(
             configs = [topic_config(url, target_server.url, **{**extra, "name": "sr"})
                        for url in (source_server.url, city2.url)]
         async with InProcess(profile_for(configs[0])), InProcess(profile_for(configs[1])):
-            publishing = asyncio.gather(publish_many(source_nc, 1500, start=1500),
-                                        publish_many(nc2, 1500, start=1500))
+            publishing = asyncio.gather(publish_many(source_nc, 600, start=600),
+                                        publish_many(nc2, 600, start=600))
             await publishing
-            assert await wait_count(target_nc, "FLEET", 6000, 60) is not None, "copies were lost"
+            assert await wait_count(target_nc, "FLEET", 2400, 60) is not None, "copies were lost"
             await asyncio.sleep(1.0)
         target = await read_stream(target_nc, "FLEET")
-        assert len(target) == 6000
+        assert len(target) == 2400
         for nc, config in ((source_nc, configs[0]), (nc2, configs[1])):
             writer = await writer_of(nc, config["topics"]["fleet"]["name"])
             check(f"fan-in {mode} {names}", await read_stream(nc, "FLEET"), target, writer, mode == "ordered")

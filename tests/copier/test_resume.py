@@ -48,11 +48,11 @@ async def test_resume_finds_its_own_copies_among_other_writers_after_kill_9(
     rng = random.Random(11)
     log = tmp_path / "worker.log"
     try:
-        for _ in range(4):
+        for _ in range(3):
             proc = spawn(config, log_path=log)
-            await asyncio.sleep(rng.uniform(1.5, 3.0))
+            await asyncio.sleep(rng.uniform(1.0, 2.0))
             stop(proc, kill=True)
-            await asyncio.sleep(1.5)  # the other writer goes on: ~2000 messages after our newest copy
+            await asyncio.sleep(1.0)  # the other writer goes on: ~1500 messages after our newest copy
         proc = spawn(config, log_path=log)
         await source.stop()
         await other.stop()
@@ -70,10 +70,10 @@ async def test_resume_finds_its_own_copies_among_other_writers_after_kill_9(
         code = stop(proc)
     target = await read_stream(target_nc, "FLEET")
     outcome = compare("resume among other writers", await read_stream(source_nc, "FLEET"), target,
-                      recover_s=None, writer=writer, faults=4)
+                      recover_s=None, writer=writer, faults=3)
     assert (outcome.lost, outcome.duplicated, outcome.out_of_order, outcome.mismatched) == (0, 0, 0, 0), (
         f"{outcome}\n{log.read_text()[-3000:]}")
-    assert len(target) > want + 5000, "the other writer was not writing in between"
+    assert len(target) > want + 4000, "the other writer was not writing in between"
     assert code == 0
 
 
