@@ -39,6 +39,7 @@ class BuildOptions:
     worker_image: str = DEFAULT_WORKER_IMAGE
     spark_image: str | None = None
     tls_keys: Mapping[str, Collection[str]] | None = None
+    resume_after: int | None = None  # handed over by the native engine (status.resumeAfter)
 
 
 @dataclass
@@ -291,7 +292,7 @@ def build_children(resource: Mapping[str, Any], options: BuildOptions | None = N
     """Every child of a resource; raises SpecError when the spec cannot work."""
     options = options or BuildOptions()
     spec = parse_spec(resource)
-    config = worker_config.build_worker_config(spec, options.tls_keys)
+    config = worker_config.build_worker_config(spec, options.tls_keys, options.resume_after)
     worker_config.validate(config)
     text = worker_config.render(config)
     digest = worker_config.config_hash(text)

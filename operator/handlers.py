@@ -7,19 +7,50 @@ each run the same handlers with their own settings (e.g. a short timer interval)
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 from replication_operator import naming
+from replication_operator.native_nats import NativeError
+from replication_operator.nats_status import NatsStatusError
 from replication_operator.reconciler import Reconciler
+from replication_operator.spec import SpecError
 
 RETRY_DELAY = 10.0
+# Deleting a native-engine resource removes its source entry; when NATS cannot be reached for this
+# long, the resource goes anyway (a Warning event says the entry is left behind).
+FINALIZE_RETRIES = 5
+FINALIZE_BACKOFF = 3.0
+
+Login = Callable[..., Any]  # kopf's login handler signature: returns a kopf.ConnectionInfo (or None)
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
+             login: Login = kopf.login_via_client) -> None:
+    """`login`: how to reach the API server; kopf's own connection and the operator's client
+    (`reconciler.api`, the official client) both use what it returns. The default reads the
+    in-cluster service account, else the kubeconfig, through the official client's loaders."""
     config = reconciler.config
     resource = (naming.GROUP, naming.VERSION, naming.PLURAL)
+
+    async def call_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        info = login(**kwargs)
+        return await info if inspect.isawaitable(info) else info  # type: ignore[no-any-return]
+
+    @kopf.on.login(registry=registry)
+    async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        info = await call_login(**kwargs)
+        if info is not None:
+            reconciler.api.use(info)
+            reconciler.api.relogin = lambda: call_login(**kwargs)
+        return info
+
+    @kopf.on.cleanup(registry=registry)
+    async def close_client(**_: Any) -> None:
+        await reconciler.api.close()
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -78,6 +109,21 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
             await asyncio.gather(tick, halt, return_exceptions=True)
         if tick.done() and not tick.cancelled() and tick.exception():
             raise tick.exception()  # type: ignore[misc]
+
+    @kopf.on.delete(*resource, id="remove-source-entry", registry=registry,
+                    retries=FINALIZE_RETRIES, backoff=FINALIZE_BACKOFF)
+    async def on_delete(body: kopf.Body, retry: int, **_: Any) -> None:
+        """Native engine: remove our source entry from the target stream (the stream stays)."""
+        try:
+            await reconciler.finalize(body)
+        except SpecError:
+            return
+        except (NativeError, NatsStatusError) as err:
+            if retry + 1 >= FINALIZE_RETRIES:
+                reconciler._event(body, "Warning", "SourceEntryLeft",
+                                  f"could not remove the source entry, left on the target stream: {err}")
+                return
+            raise kopf.TemporaryError(str(err), delay=FINALIZE_BACKOFF) from None
 
     @kopf.on.event(*resource, id="forget", registry=registry)
     def on_resource_event(type: str, body: kopf.Body, **_: Any) -> None:

@@ -18,9 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import kopf
-from replication_operator import builders, images, naming, nats_status, policy, spark_application
+from replication_operator import builders, engine, images, naming, nats_status, policy, spark_application
 from replication_operator import status as st
 from replication_operator.builders import (
     BuildOptions,
@@ -29,7 +28,10 @@ from replication_operator.builders import (
     contains,
     controlled_by,
 )
+from replication_operator.engine import Choice
 from replication_operator.kube import APIError, APINotFoundError, KubeApi, error_text
+from replication_operator.native_engine import NativeEngine
+from replication_operator.native_nats import NativeError
 from replication_operator.spec import ReplicationSpec, SpecError, parse_spec
 
 log = logging.getLogger("replication_operator")
@@ -118,6 +120,13 @@ class _Memory:
     last_full: float = 0.0
     nats_errors: dict[str, str] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The engine: the choice (and the spec generation it was made for), the native engine's view.
+    choice: Choice | None = None
+    choice_generation: int | None = None
+    native_view: st.Native | None = None
+    native_fields: dict[str, Any] = field(default_factory=dict)  # lag, lastActive
+    awaiting_pods: bool = False  # switching to native: the worker Deployment is being deleted
+    children_gone: bool = False  # native: the replicator's other children were deleted
 
 
 def _key(obj: Mapping[str, Any]) -> ChildKey:
@@ -143,6 +152,7 @@ class Reconciler:
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self.memory: dict[str, _Memory] = {}
         self.desired: dict[ChildKey, dict[str, Any]] = {}
+        self.native = NativeEngine(self)
 
     # ---- bookkeeping ----
     def _memory(self, uid: str) -> _Memory:
@@ -153,12 +163,17 @@ class Reconciler:
     def forget(self, uid: str) -> None:
         """The resource is gone: drop its memory and its children's desired state."""
         self.memory.pop(uid, None)
+        self.forget_children(uid)
+
+    def forget_children(self, uid: str) -> None:
+        """Its children are no longer wanted (native engine): a deletion is not drift."""
         for key in [k for k, v in self.desired.items() if controlled_by(v, uid)]:
             self.desired.pop(key, None)
 
-    def _options(self, tls_keys: Mapping[str, frozenset[str]]) -> BuildOptions:
+    def _options(self, tls_keys: Mapping[str, frozenset[str]], resume_after: int | None = None) -> BuildOptions:
         return BuildOptions(
-            worker_image=self.config.worker_image, spark_image=self.config.spark_image, tls_keys=tls_keys
+            worker_image=self.config.worker_image, spark_image=self.config.spark_image, tls_keys=tls_keys,
+            resume_after=resume_after,
         )
 
     # ---- the pass ----
@@ -185,23 +200,38 @@ class Reconciler:
             problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 
         children: Children | None = None
+        memory.native_view = None
         if spec is not None:
             # The policy first: a refused resource builds and changes nothing, its children stay.
             problems.extend(st.Problem(v.reason, v.message) for v in policy.check(spec, self.policy))
             secret_problems, tls_keys = await self._check_secrets(spec)
             problems.extend(secret_problems)
             if not problems:
-                try:
-                    children = builders.build_children(body, self._options(tls_keys))
-                except FleetHealthUnavailable as err:
-                    problems.append(st.Problem(st.FLEET_HEALTH_UNAVAILABLE, str(err)))
-                except SpecError as err:
-                    problems.append(st.Problem(st.INVALID_SPEC, str(err)))
+                choice = await self.native.choose(body, spec, memory)
+                if choice.problem:
+                    problems.append(st.Problem(choice.reason, choice.message))
+                elif choice.engine == engine.NATIVE:
+                    outcome = await self.native.run(body, spec, memory)
+                    problems.extend(outcome.problems)
+                    retry = outcome.retry
+                    memory.native_view = outcome.view
+                else:
+                    handover, resume_after = await self.native.leave(body, spec, memory)
+                    problems.extend(handover)
+                    if not handover:
+                        try:
+                            children = builders.build_children(body, self._options(tls_keys, resume_after))
+                        except FleetHealthUnavailable as err:
+                            problems.append(st.Problem(st.FLEET_HEALTH_UNAVAILABLE, str(err)))
+                        except SpecError as err:
+                            problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 
         if children is not None:
             apply_problems, deployment, retry = await self._apply(body, children, cause)
             problems.extend(apply_problems)
-        if deployment is None:
+            if (memory.status or body.get("status") or {}).get("engine") != engine.REPLICATOR:
+                await self._persist(body, memory, {"engine": engine.REPLICATOR})
+        if deployment is None and memory.native_view is None:
             live = await self._get_quietly(naming.DEPLOYMENT, namespace, naming.deployment_name(name))
             deployment = live if live and controlled_by(live, uid) else None
 
@@ -215,7 +245,7 @@ class Reconciler:
     async def _get_quietly(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await self.api.get(kind, namespace, name)
-        except (APIError, aiohttp.ClientError, TimeoutError) as err:
+        except (APIError, TimeoutError) as err:
             log.warning("cannot read %s %s/%s: %s", kind.kind, namespace, name, error_text(err))
             return None
 
@@ -238,7 +268,7 @@ class Reconciler:
                 else:
                     labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
                     keys[name] = frozenset((secret.get("data") or {}).keys())
-            except (APIError, aiohttp.ClientError, TimeoutError) as err:
+            except (APIError, TimeoutError) as err:
                 missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
         problems.extend(
             st.Problem(v.reason, v.message) for v in policy.secret_violations(self.policy, ns, labels))
@@ -311,8 +341,8 @@ class Reconciler:
             except APIError as err:
                 self.desired.pop(_key(obj), None)
                 problems.append(st.Problem(st.APPLY_FAILED, f"{label}: {error_text(err)}"))
-                retry = retry or err.status >= 500 or err.status in (409, 429)
-            except (aiohttp.ClientError, TimeoutError) as err:
+                retry = retry or err.status >= 500 or err.status in (0, 409, 429)
+            except TimeoutError as err:
                 self.desired.pop(_key(obj), None)
                 problems.append(st.Problem(st.APPLY_FAILED, f"{label}: {error_text(err)}"))
                 retry = True
@@ -323,7 +353,7 @@ class Reconciler:
                 try:
                     await self.api.delete(kind, namespace, name, uid=live["metadata"].get("uid"))
                     self._event(body, "Normal", "Deleted", f"deleted {kind.kind} {name} (no longer needed)")
-                except (APIError, aiohttp.ClientError, TimeoutError) as err:
+                except (APIError, TimeoutError) as err:
                     problems.append(st.Problem(
                         st.APPLY_FAILED, f"deleting {kind.kind} {name}: {error_text(err)}"))
                     retry = True
@@ -365,6 +395,7 @@ class Reconciler:
                             deployment: Mapping[str, Any] | None, desired_replicas: int) -> None:
         meta = body["metadata"]
         old = memory.status or dict(body.get("status") or {})
+        extra = [engine.condition(memory.choice, memory.choice_generation)] if memory.choice else []
         new = st.build_status(
             name=meta["name"],
             generation=memory.observed_generation,
@@ -373,8 +404,22 @@ class Reconciler:
             desired_replicas=desired_replicas,
             old_status=old,
             now=self.clock(),
+            native=memory.native_view,
+            extra_conditions=extra,
         )
+        if memory.native_view is not None:
+            new.update(memory.native_fields)
         await self._patch_status(body, memory, old, new)
+
+    async def _persist(self, body: Mapping[str, Any], memory: _Memory, fields: Mapping[str, Any]) -> None:
+        """Write these status fields now (an engine switch's step); None removes a field. Raises
+        when they cannot be written: the next step must not run without them."""
+        meta = body["metadata"]
+        old = memory.status or dict(body.get("status") or {})
+        patch = st.status_patch(old, fields)
+        if patch:
+            await self.api.patch_status(naming.STREAM_REPLICATION, meta["namespace"], meta["name"], patch)
+        memory.status = {k: v for k, v in {**old, **fields}.items() if v is not None}
 
     async def _patch_status(self, body: Mapping[str, Any], memory: _Memory,
                             old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
@@ -387,7 +432,7 @@ class Reconciler:
             await self.api.patch_status(naming.STREAM_REPLICATION, meta["namespace"], meta["name"], patch)
         except APINotFoundError:
             return  # deleted meanwhile
-        except (APIError, aiohttp.ClientError, TimeoutError) as err:
+        except (APIError, TimeoutError) as err:
             memory.status = dict(old)  # not written: try again next time
             log.warning("%s/%s: cannot write status: %s", meta["namespace"], meta["name"], error_text(err))
 
@@ -411,14 +456,20 @@ class Reconciler:
         desired = self.desired.get(key)
         drifted = desired is not None and (event_type == "DELETED" or not contains(child, desired))
         is_deployment = child.get("kind") == "Deployment" and event_type != "DELETED"
-        if not drifted and not is_deployment:
+        memory = self.memory.get(owner_uid)
+        # Switching to native: the Deployment's deletion (its pods are gone) is the next step.
+        handover = (memory is not None and memory.awaiting_pods and child.get("kind") == "Deployment"
+                    and event_type == "DELETED")
+        if memory is not None and memory.native_view is not None and not handover:
+            return  # native engine: no pods to follow, and no child is wanted
+        if not drifted and not is_deployment and not handover:
             return
         if owner_uid not in self.memory:
             return  # not reconciled by this process yet: its resume handler will cover it
         owner = await self._owner(meta["namespace"], owner_name)
         if owner is None or owner["metadata"]["uid"] != owner_uid:
             return
-        if drifted:
+        if drifted or handover:
             await self.reconcile(owner, cause="drift")
         else:
             memory = self._memory(owner_uid)
@@ -432,7 +483,7 @@ class Reconciler:
         memory = self._memory(uid)
         stale = time.monotonic() - memory.last_full >= self.config.resync_interval
         fixable = any(p.reason != st.INVALID_SPEC for p in memory.problems)
-        if stale or fixable:
+        if stale or fixable or memory.awaiting_pods:
             await self.reconcile(body, cause="resync")
         await self.refresh_nats(body)
 
@@ -445,6 +496,9 @@ class Reconciler:
         memory = self._memory(body["metadata"]["uid"])
         if any(p.reason in NO_NATS_READS for p in memory.problems) or policy.check(spec, self.policy):
             return  # a refused resource is not read either: no connection to a host it may not name
+        if memory.native_view is not None:
+            await self._refresh_native(body, spec, memory)
+            return
         fields: dict[str, Any] = {}
         timeout = self.config.nats_timeout
         try:
@@ -465,13 +519,37 @@ class Reconciler:
                 old = memory.status or dict(body.get("status") or {})
                 await self._patch_status(body, memory, old, fields)
 
+    async def _refresh_native(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> None:
+        """Native engine: the target stream's view of our entry; drift (entry gone or edited) is
+        repaired at once."""
+        try:
+            intact = await self.native.refresh(body, spec, memory)
+            self._nats_ok(body, memory, "lag")
+        except (nats_status.NatsStatusError, NativeError) as err:
+            self._nats_error(body, memory, "lag", "LagUnavailable", str(err))
+            return
+        if not intact:
+            await self.reconcile(body, cause="drift")
+            return
+        async with memory.lock:
+            await self._write_status(body, memory, None, 0)
+
+    async def finalize(self, body: Mapping[str, Any]) -> None:
+        """The resource is being deleted: the native engine's entry goes (stream and data stay)."""
+        if not (body.get("status") or {}).get("native"):
+            return
+        spec = parse_spec(body)
+        done = await self.native.remove(body, spec)
+        if done:
+            self._event(body, "Normal", "SourceRemoved", done)
+
     async def _auth(self, spec: ReplicationSpec, endpoint: Any) -> nats_status.Auth:
         secrets: dict[str, dict[str, bytes]] = {}
         names = [endpoint.credentials.name if endpoint.credentials else None, endpoint.tls_secret]
         for name in filter(None, names):
             try:
                 secret = await self.api.get(naming.SECRET, spec.namespace, name)
-            except (APIError, aiohttp.ClientError, TimeoutError) as err:
+            except (APIError, TimeoutError) as err:
                 raise nats_status.NatsStatusError(
                     f'secret "{name}" cannot be read: {error_text(err)}') from None
             if secret is None:

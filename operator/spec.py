@@ -14,6 +14,7 @@ from typing import Any, Literal
 from replication_operator import naming
 
 DEFAULTS: dict[str, Any] = {
+    "engine": "auto",
     "mode": "ordered",
     "replicas": 1,
     "workersPerPod": 1,
@@ -33,6 +34,7 @@ TLS_CERT = "tls.crt"
 TLS_KEY = "tls.key"
 
 Side = Literal["source", "target"]
+Engine = Literal["auto", "native", "replicator"]
 
 
 class SpecError(ValueError):
@@ -54,6 +56,16 @@ class Endpoint:
     stream: str | None = None
     credentials: SecretKeyRef | None = None
     tls_secret: str | None = None
+
+
+@dataclass(frozen=True)
+class Source(Endpoint):
+    """How the *target* reaches the source's JetStream API (the native engine): a JetStream domain,
+    or an API prefix imported into the target's account (with its deliver prefix)."""
+
+    domain: str | None = None
+    api_prefix: str | None = None
+    deliver_prefix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +112,7 @@ class ReplicationSpec:
     namespace: str
     resource_name: str
     topic: str
-    source: Endpoint
+    source: Source
     target: Target
     mode: Literal["ordered", "scaled"]
     replicas: int
@@ -121,6 +133,7 @@ class ReplicationSpec:
     service_account_name: str | None
     monitoring_port: int
     service_monitor: ServiceMonitorSpec
+    engine: Engine = "auto"
 
     @property
     def ordered(self) -> bool:
@@ -239,6 +252,15 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
         f = data["fleetHealth"]
         fleet = FleetHealth(kv_bucket=str(_get(data, "fleetHealth.kvBucket")), url=f.get("url"), raw=dict(f))
 
+    engine = _get(data, "engine")
+    if engine not in ("auto", "native", "replicator"):
+        raise SpecError(f"spec.engine must be auto, native or replicator, not {engine!r}")
+    src = data["source"] if isinstance(data.get("source"), Mapping) else {}
+    if src.get("domain") and src.get("apiPrefix"):
+        raise SpecError("spec.source takes domain or apiPrefix, not both")
+    if src.get("deliverPrefix") and not src.get("apiPrefix"):
+        raise SpecError("spec.source.deliverPrefix needs spec.source.apiPrefix")
+
     sm = _get(data, "monitoring.serviceMonitor") or {}
     target = _endpoint(data, "target")
     tsec = data["target"]
@@ -246,7 +268,12 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
         namespace=namespace,
         resource_name=resource_name,
         topic=str(data["topic"]),
-        source=Endpoint(**_endpoint(data, "source")),
+        source=Source(
+            **_endpoint(data, "source"),
+            domain=src.get("domain"),
+            api_prefix=src.get("apiPrefix"),
+            deliver_prefix=src.get("deliverPrefix"),
+        ),
         target=Target(
             **target,
             subject_prefix=tsec.get("subjectPrefix"),
@@ -276,4 +303,5 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
             interval=sm.get("interval"),
             labels=dict(sm.get("labels") or {}),
         ),
+        engine=engine,
     )

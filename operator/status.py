@@ -36,6 +36,11 @@ ROLLOUT_COMPLETE = "RolloutComplete"
 REPLICATING = "Replicating"
 PODS_NOT_READY = "PodsNotReady"
 SCALED_TO_ZERO = "ScaledToZero"
+# The native engine (a source entry on the target stream, copied by NATS).
+SOURCING = "Sourcing"  # Ready: NATS copies through our entry and reports no error
+SOURCE_CONFIGURED = "SourceConfigured"  # Progressing: the entry is as the spec says
+SOURCE_ERROR = "SourceError"  # NATS reports an error for our entry (Ready False, Degraded)
+STOPPING_REPLICATOR = "StoppingReplicator"  # switching to native: waiting for the pods to be gone
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,49 @@ def conditions_for(
     return [ready, progressing, degraded]
 
 
+@dataclass(frozen=True)
+class Native:
+    """What the native engine observed: its entry on the target stream and NATS's error for it."""
+
+    configured: bool = False
+    stream: str | None = None
+    source: str | None = None
+    error: str | None = None
+    stopping: bool = False  # the replicator's pods are still going away
+
+
+def conditions_for_native(
+    problems: Sequence[Problem], native: Native, generation: int | None
+) -> list[dict[str, Any]]:
+    """Ready, Progressing and Degraded for the native engine, read like the pods' ones."""
+    if problems:
+        return conditions_for(problems, Rollout(exists=False, desired=0), generation)
+    healthy = _cond(DEGRADED, False, HEALTHY, "no problems found", generation)
+    if native.stopping:
+        waiting = "waiting for the replicator's pods to be gone before NATS takes over"
+        return [
+            _cond(READY, False, STOPPING_REPLICATOR, waiting, generation),
+            _cond(PROGRESSING, True, STOPPING_REPLICATOR, waiting, generation),
+            healthy,
+        ]
+    if not native.configured:
+        creating = f"adding the source entry to stream {native.stream}"
+        return [
+            _cond(READY, False, CREATING, creating, generation),
+            _cond(PROGRESSING, True, CREATING, creating, generation),
+            healthy,
+        ]
+    entry = f"stream {native.stream} sources {native.source}"
+    progressing = _cond(PROGRESSING, False, SOURCE_CONFIGURED, entry, generation)
+    if native.error:
+        return [
+            _cond(READY, False, SOURCE_ERROR, native.error, generation),
+            progressing,
+            _cond(DEGRADED, True, SOURCE_ERROR, native.error, generation),
+        ]
+    return [_cond(READY, True, SOURCING, f"NATS copies: {entry}", generation), progressing, healthy]
+
+
 def merge_conditions(
     old: Iterable[Mapping[str, Any]] | None, new: Iterable[Mapping[str, Any]], now: dt.datetime
 ) -> list[dict[str, Any]]:
@@ -177,12 +225,16 @@ def build_status(
     desired_replicas: int,
     old_status: Mapping[str, Any] | None,
     now: dt.datetime,
+    native: Native | None = None,
+    extra_conditions: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The status fields this operator owns, apart from lag/lastActive/fleet (see `nats_status`)."""
+    """The status fields this operator owns, apart from lag/lastActive/fleet (see `nats_status`).
+    `native`: the resource runs on the native engine (no pods); `extra_conditions`: more
+    conditions (the engine choice), merged the same way."""
     rollout = rollout_of(deployment, desired_replicas)
-    conditions = merge_conditions(
-        (old_status or {}).get("conditions"), conditions_for(problems, rollout, generation), now
-    )
+    main = conditions_for_native(problems, native, generation) if native else conditions_for(
+        problems, rollout, generation)
+    conditions = merge_conditions((old_status or {}).get("conditions"), [*main, *extra_conditions], now)
     status: dict[str, Any] = {
         "conditions": conditions,
         "replicas": rollout.replicas,

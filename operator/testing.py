@@ -332,11 +332,11 @@ async def embedded_operator(
     """
     registry = kopf.OperatorRegistry()
     reconciler = Reconciler(config or OperatorConfig())
-    handlers.register(registry, reconciler)
 
-    @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=server, insecure=True, token=OPERATOR_TOKEN)
+
+    handlers.register(registry, reconciler, login=login)
 
     foreign = _ForeignTasks(set(asyncio.all_tasks()))
     ready, stop = asyncio.Event(), asyncio.Event()

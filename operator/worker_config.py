@@ -50,9 +50,10 @@ def tls_settings(spec: ReplicationSpec, side: Side, keys: Collection[str]) -> di
 
 
 def build_worker_config(
-    spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]] | None = None
+    spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]] | None = None, resume_after: int | None = None
 ) -> dict[str, Any]:
-    """The config dict; `tls_keys` maps a TLS Secret's name to the keys it holds (all three if unknown)."""
+    """The config dict; `tls_keys` maps a TLS Secret's name to the keys it holds (all three if unknown);
+    `resume_after`: the last source sequence the native engine delivered before the replicator took over."""
     topic: dict[str, Any] = {
         "topic": spec.topic,
         "source_url": spec.source.url,
@@ -89,6 +90,8 @@ def build_worker_config(
         topic["start_delta"] = str(start["delta"])
     elif start.get("atEnd"):
         topic["start_at_end"] = True
+    if resume_after:
+        topic["resume_after"] = int(resume_after)
 
     if spec.sampling:
         s = spec.sampling

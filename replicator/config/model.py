@@ -107,6 +107,9 @@ class TopicConfig(Strict):
     start_time: dt.datetime | None = None
     start_delta: Duration | None = None
     start_at_end: bool = False
+    # Source sequences up to this one are on the target already, copied by another engine (the
+    # operator's native engine): never start before it, even on a first start.
+    resume_after: int | None = Field(default=None, ge=0)
     max_age: Duration | None = None
     inspect: str | None = None
     inspect_header: str | None = None

@@ -77,8 +77,11 @@ class Endpoints:
 
 
 def start_position(profile: Profile) -> dict[str, object]:
-    """Consumer settings for the very first start (never applied when resuming)."""
+    """Consumer settings for the very first start (never applied when resuming). `resume_after`
+    wins: what another engine copied already is never copied again."""
     s = profile.settings
+    if s.resume_after:
+        return {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": s.resume_after + 1}
     if s.start_sequence:
         return {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": s.start_sequence}
     if s.start_time:

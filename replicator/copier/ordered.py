@@ -36,6 +36,7 @@ from replicator.copier.headers import TargetFeatures
 from replicator.copier.poison import StuckWatch, describe, give_up
 from replicator.copier.position import (
     MAX_CLOCK_SKEW_NS,
+    Resume,
     TargetPosition,
     ack_seq,
     link,
@@ -142,6 +143,9 @@ class OrderedCopier:
                                        self.transform.writer)
         name = ep.profile.durable_name
         where = await resume_point(self.position, ep.source_js, ep.source_stream, name, topic)
+        handed_over = ep.profile.settings.resume_after or 0
+        if handed_over >= where.next_seq:  # copied by another engine: its copies carry no provenance
+            where = Resume(handed_over + 1, True, where.target_seq)
         position = durable.at(where.next_seq) if where.resuming else start_position(ep.profile)
         await durable.place(ep, position, self.max_in_flight)
         self.committed = where.next_seq - 1 if where.resuming else 0

@@ -246,9 +246,17 @@ class ScaledWorker:
 async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:
     """The shared durable: created once (first-start position), then just bound by every worker."""
     name = ep.profile.group_name
+    handed_over = ep.profile.settings.resume_after or 0
     try:
-        await ep.source_js.consumer_info(ep.source_stream, name)
-        return
+        info = await ep.source_js.consumer_info(ep.source_stream, name)
+        floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
+        if floor >= handed_over:
+            return
+        # Left from before another engine copied up to `resume_after`: it would copy that again.
+        log.info("%s replaces consumer %s (ack floor %d, copied elsewhere up to %d)",
+                 ep.worker, name, floor, handed_over)
+        with contextlib.suppress(NotFoundError):
+            await ep.source_js.delete_consumer(ep.source_stream, name)
     except NotFoundError:
         pass
     config = ConsumerConfig(

@@ -36,7 +36,7 @@ def test_crd_names_and_subresources() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Mode", "Replicas", "Ready", "Lag", "Age", "Status"]
+    assert columns == ["Engine", "Mode", "Replicas", "Ready", "Lag", "Age", "Status"]
 
 
 def _walk(node: Any, path: str = "") -> Any:

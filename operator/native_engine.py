@@ -1,0 +1,300 @@
+"""Running a resource on the native engine, and switching engines without losing or repeating a
+message.
+
+replicator -> native: the worker Deployment is deleted in the foreground (the API server removes it
+only once its pods are gone), then the last source sequence the replicator landed is read from its
+provenance on the target, and the source entry starts right after it. native -> replicator: the
+entry is removed first (NATS stops copying at once), the last sequence it delivered is read from
+NATS's own `Nats-Stream-Source` header on the target, and the worker config gets `resume_after`.
+Each step's result is written to the resource's status before the next step, so a restart in the
+middle continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from replication_operator import engine, naming, native
+from replication_operator import status as st
+from replication_operator.builders import controlled_by
+from replication_operator.engine import NATIVE, REPLICATOR, Choice
+from replication_operator.kube import APIError, error_text
+from replication_operator.nats_status import NatsStatusError
+from replication_operator.native import Start
+from replication_operator.native_nats import NativeError, TargetSession
+from replication_operator.spec import ReplicationSpec
+
+from replicator.copier.provenance import PROVENANCE, parse_provenance
+from replicator.transport.subjects import rewrite_subject
+
+if TYPE_CHECKING:
+    from replication_operator.reconciler import Reconciler, _Memory
+
+log = logging.getLogger("replication_operator")
+
+# The replicator's children other than its Deployment: deleted once the pods are gone.
+def _replicator_children(name: str) -> list[tuple[naming.Kind, str]]:
+    return [
+        (naming.CONFIGMAP, naming.configmap_name(name)),
+        (naming.SERVICE, naming.service_name(name)),
+        (naming.PDB, naming.pdb_name(name)),
+        (naming.SERVICE_MONITOR, naming.service_monitor_name(name)),
+        (naming.SCHEDULED_SPARK_APPLICATION, naming.fleet_health_name(name)),
+    ]
+
+
+@dataclass
+class NativeOutcome:
+    problems: list[st.Problem] = field(default_factory=list)
+    view: st.Native | None = None
+    retry: bool = False
+
+
+class NativeEngine:
+    """The native engine's side of a reconcile pass; the Reconciler owns the rest."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self.rec = reconciler
+
+    def _status(self, body: Mapping[str, Any], memory: _Memory) -> dict[str, Any]:
+        return dict(memory.status or body.get("status") or {})
+
+    async def _session(self, spec: ReplicationSpec) -> TargetSession:
+        auth = await self.rec._auth(spec, spec.target)
+        return TargetSession(spec.target.url, auth, self.rec.config.nats_timeout)
+
+    # ---- which engine ----
+    async def choose(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> Choice:
+        """Made once per spec generation (remembered in the Engine condition across restarts);
+        a choice that cannot run (`problem`) is tried again on every pass."""
+        generation = (body.get("metadata") or {}).get("generation")
+        if memory.choice is not None and memory.choice_generation == generation and not memory.choice.problem:
+            return memory.choice
+        recorded = st.condition(self._status(body, memory), engine.CONDITION)
+        if (memory.choice is None and recorded and recorded.get("status") == "True" and generation is not None
+                and recorded.get("observedGeneration") == generation):
+            message = str(recorded.get("message") or "").split(": ", 1)[-1]
+            choice = Choice(engine.engine_of(str(recorded.get("reason")), spec), str(recorded.get("reason")), message)
+        else:
+            choice = engine.before_probe(spec, body.get("spec")) or await self._probe(spec)
+        previous = memory.choice
+        if previous is None or (previous.engine, previous.reason, previous.message) != (
+                choice.engine, choice.reason, choice.message):
+            self.rec._event(body, "Warning" if choice.problem else "Normal", "EngineChosen" if not choice.problem
+                            else choice.reason, f"{choice.engine}: {choice.message}")
+        memory.choice, memory.choice_generation = choice, generation
+        return choice
+
+    async def _probe(self, spec: ReplicationSpec) -> Choice:
+        path = engine.route(spec)
+        assert path is not None
+        try:
+            async with await self._session(spec) as target:
+                stream, _ = await target.source_stream(path, spec.source.stream, spec.topic)
+        except (NativeError, NatsStatusError) as err:
+            return engine.after_probe(spec, path, None, str(err))
+        return engine.after_probe(spec, path, stream, None)
+
+    # ---- native in charge ----
+    async def run(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> NativeOutcome:
+        meta = body["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        self.rec.forget_children(uid)
+        deployment = await self.rec._get_quietly(naming.DEPLOYMENT, namespace, naming.deployment_name(name))
+        if deployment is not None and controlled_by(deployment, uid):
+            return await self._stop_pods(body, deployment, memory)
+        memory.awaiting_pods = False
+        outcome = NativeOutcome()
+        try:
+            async with await self._session(spec) as target:
+                outcome = await self._configure(body, spec, memory, target)
+        except (NativeError, NatsStatusError) as err:
+            outcome.problems.append(st.Problem(engine.SOURCE_ENTRY_FAILED, f"native engine: {err}"))
+        if not memory.children_gone and await self._delete_children(body, outcome):
+            memory.children_gone = True
+        return outcome
+
+    async def _stop_pods(self, body: Mapping[str, Any], deployment: Mapping[str, Any],
+                         memory: _Memory) -> NativeOutcome:
+        meta = body["metadata"]
+        memory.awaiting_pods = True
+        memory.children_gone = False
+        if not (deployment.get("metadata") or {}).get("deletionTimestamp"):
+            try:
+                await self.rec.api.delete(naming.DEPLOYMENT, meta["namespace"], deployment["metadata"]["name"],
+                                          uid=deployment["metadata"].get("uid"), foreground=True)
+            except APIError as err:
+                return NativeOutcome([st.Problem(st.APPLY_FAILED, f"deleting Deployment: {error_text(err)}")],
+                                     retry=True)
+            self.rec._event(body, "Normal", st.STOPPING_REPLICATOR,
+                            f"deleting Deployment {deployment['metadata']['name']}: NATS takes over once its pods "
+                            "are gone")
+        return NativeOutcome(view=st.Native(stopping=True))
+
+    async def _configure(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory,
+                         target: TargetSession) -> NativeOutcome:
+        path = engine.route(spec)
+        assert path is not None
+        status = self._status(body, memory)
+        recorded = dict(status.get("native") or {})
+        try:
+            source_stream, source = await target.source_stream(path, spec.source.stream, spec.topic)
+            source_error = None
+        except NativeError as err:  # the entry can still be kept as it is
+            source_stream, source, source_error = spec.source.stream or recorded.get("sourceStream"), None, str(err)
+        if not source_stream:
+            raise NativeError(source_error or "no source stream")
+        stream = spec.target.stream or source_stream
+        start = Start.from_status(recorded.get("start")) if status.get("engine") == NATIVE else None
+        if start is None:
+            start = await self._first_start(spec, status, target, stream, source, source_stream)
+            recorded = {**recorded, "stream": stream, "start": start.status()}
+            await self.rec._persist(body, memory, {"engine": NATIVE, "native": recorded, "resumeAfter": None})
+        desired = native.build_entry(spec, path, source_stream, start)
+        owned = [i for i in [native.identity_from_status(recorded)] if i]
+        info = await target.stream_info(stream)
+        label = f"stream {stream}"
+        if info is None:
+            if not spec.target.create:
+                return NativeOutcome([st.Problem(engine.TARGET_STREAM_MISSING,
+                                                 f"target stream {stream} does not exist and spec.target.create "
+                                                 "is false")])
+            if source is None:
+                raise NativeError(f"cannot create target stream {stream}: {source_error}")
+            info = await target.create_stream(native.target_config(source["config"], spec, stream, desired,
+                                                                   source_stream))
+            self.rec._event(body, "Normal", "Created", f"created {label} sourcing {source_stream} through {path.via}")
+        else:
+            live = info["config"].get("sources")
+            sources = native.with_entry(live, desired, owned)
+            if sources is not None:
+                before = [s for s in live or [] if native.identity(s) in {native.identity(desired), *owned}]
+                info = await target.update_stream({**info["config"], "sources": sources})
+                self.rec._event(body, "Normal", *self._change(label, source_stream, before, desired, recorded))
+        recorded = {**recorded, "stream": stream, **native.identity_status(desired),
+                    "destinations": list(native.destinations(desired))}
+        if recorded != status.get("native"):
+            await self.rec._persist(body, memory, {"native": recorded})
+        fields = native.source_fields(native.source_info(info, desired), self.rec.clock())
+        memory.native_fields = {k: v for k, v in fields.items() if k != "error"}
+        return NativeOutcome(view=st.Native(configured=True, stream=stream, source=source_stream,
+                                            error=fields.get("error")))
+
+    @staticmethod
+    def _change(label: str, source: str, before: list[Mapping[str, Any]], desired: Mapping[str, Any],
+                recorded: Mapping[str, Any]) -> tuple[str, str]:
+        if not before:
+            if recorded.get("sourceStream"):
+                return "Restored", f"put back the source entry for {source} in {label} (it was removed)"
+            return "SourceAdded", f"added a source entry for {source} to {label}"
+        if native.identity(before[0]) == native.identity(desired) and native.identity_from_status(recorded) == (
+                native.identity(desired)):
+            return "Reverted", f"put back the source entry for {source} in {label} (changed outside the operator)"
+        return "Updated", f"updated the source entry for {source} in {label}"
+
+    async def _first_start(self, spec: ReplicationSpec, status: Mapping[str, Any], target: TargetSession,
+                           stream: str, source: Mapping[str, Any] | None, source_stream: str) -> Start:
+        """Right after what the replicator landed when it ran before; else `spec.start`."""
+        if status.get("engine") == REPLICATOR:
+            subject = rewrite_subject(spec.topic, spec.target.subject_prefix, spec.target.subject_remove)
+            if await target.stream_info(stream) is not None:
+                landed = await target.replicator_landed(stream, subject, source_stream, spec.name)
+                if landed:
+                    return Start(sequence=landed + 1)
+        last = int(((source or {}).get("state") or {}).get("last_seq") or 0)
+        if spec.start.get("atEnd") and source is None:
+            raise NativeError("start.atEnd needs the source stream's last sequence, which the target cannot read")
+        return native.spec_start(spec, self.rec.clock(), last)
+
+    async def _delete_children(self, body: Mapping[str, Any], outcome: NativeOutcome) -> bool:
+        meta = body["metadata"]
+        done = True
+        for kind, child in _replicator_children(meta["name"]):
+            live = await self.rec._get_quietly(kind, meta["namespace"], child)
+            if live is None or not controlled_by(live, meta["uid"]):
+                continue
+            try:
+                await self.rec.api.delete(kind, meta["namespace"], child, uid=live["metadata"].get("uid"))
+                self.rec._event(body, "Normal", "Deleted", f"deleted {kind.kind} {child} (native engine)")
+            except APIError as err:
+                outcome.problems.append(st.Problem(st.APPLY_FAILED, f"deleting {kind.kind} {child}: {error_text(err)}"))
+                done = False
+        return done
+
+    # ---- the replicator takes over ----
+    async def leave(self, body: Mapping[str, Any], spec: ReplicationSpec,
+                    memory: _Memory) -> tuple[list[st.Problem], int | None]:
+        """Remove our entry and find where NATS stopped: (problems, resume_after for the replicator)."""
+        status = self._status(body, memory)
+        recorded = status.get("native")
+        if not recorded:
+            return [], status.get("resumeAfter")
+        stream = str(recorded.get("stream"))
+
+        def replicators_copy(headers: dict[str, str]) -> bool:
+            prov = parse_provenance(headers.get(PROVENANCE))
+            return prov is not None and prov.stream == recorded.get("sourceStream") and prov.name == spec.name
+
+        try:
+            async with await self._session(spec) as target:
+                info = await target.stream_info(stream)
+                last = None
+                if info is not None:
+                    owned = native.identity_from_status(recorded)
+                    sources = native.without_entry(info["config"].get("sources"), [owned] if owned else [])
+                    if sources is not None:
+                        await target.update_stream({**info["config"], "sources": sources})
+                    last = await target.last_delivered(stream, recorded, replicators_copy)
+                    self.rec._event(body, "Normal", "SourceRemoved",
+                                    f"removed the source entry from stream {stream}: the replicator takes over "
+                                    + (f"after source sequence {last}" if last else "where it left off"))
+        except (NativeError, NatsStatusError) as err:
+            return [st.Problem(engine.HANDOVER_FAILED, f"cannot hand over from the native engine: {err}")], None
+        await self.rec._persist(body, memory, {"engine": REPLICATOR, "native": None, "resumeAfter": last})
+        memory.native_fields = {}
+        return [], last
+
+    async def remove(self, body: Mapping[str, Any], spec: ReplicationSpec) -> str | None:
+        """The resource is being deleted: remove our entry (the stream and its messages stay).
+        Returns what was done, for the log; raises NativeError/NatsStatusError when it cannot."""
+        recorded = (body.get("status") or {}).get("native")
+        if not recorded:
+            return None
+        owned = native.identity_from_status(recorded)
+        stream = str(recorded.get("stream"))
+        async with await self._session(spec) as target:
+            info = await target.stream_info(stream)
+            if info is None or owned is None:
+                return None
+            sources = native.without_entry(info["config"].get("sources"), [owned])
+            if sources is None:
+                return None
+            await target.update_stream({**info["config"], "sources": sources})
+        return f"removed the source entry for {recorded.get('sourceStream')} from stream {stream}"
+
+    async def refresh(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> bool:
+        """The status tick: lag, last activity and NATS's error from the target stream's info.
+        False when the entry is missing or changed (drift: the caller reconciles)."""
+        recorded = self._status(body, memory).get("native") or {}
+        owned = native.identity_from_status(recorded)
+        path = engine.route(spec)
+        if owned is None or path is None:
+            return True
+        async with await self._session(spec) as target:
+            info = await target.stream_info(str(recorded.get("stream")))
+        if info is None:
+            return False
+        live = native.find_entry(info["config"].get("sources"), owned)
+        start = Start.from_status(recorded.get("start")) or Start()
+        desired = native.build_entry(spec, path, owned[0], start) if native.subject_mapping(spec) else None
+        if live is None or desired is None or native.identity(desired) != owned or not native.same_entry(live, desired):
+            return False
+        fields = native.source_fields(native.source_info(info, live), self.rec.clock())
+        memory.native_fields = {k: v for k, v in fields.items() if k != "error"}
+        if memory.native_view is not None:
+            memory.native_view = st.Native(configured=True, stream=memory.native_view.stream,
+                                           source=memory.native_view.source, error=fields.get("error"))
+        return True
