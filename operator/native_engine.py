@@ -22,9 +22,9 @@ from replication_operator import status as st
 from replication_operator.builders import controlled_by
 from replication_operator.engine import NATIVE, REPLICATOR, Choice
 from replication_operator.kube import APIError, error_text
-from replication_operator.nats_status import NatsStatusError
 from replication_operator.native import Start
 from replication_operator.native_nats import NativeError, TargetSession
+from replication_operator.nats_status import NatsStatusError
 from replication_operator.spec import ReplicationSpec
 
 from replicator.copier.provenance import PROVENANCE, parse_provenance

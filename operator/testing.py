@@ -33,6 +33,7 @@ ALL_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 # The bearer token `embedded_operator` logs in with: the emulator files the operator's calls under it.
 OPERATOR_TOKEN = "embedded-operator"
 NAMESPACES = kmock.resource("", "v1", "namespaces")
+FOREGROUND = "foregroundDeletion"  # the finalizer of a foreground deletion
 
 
 class ApiCall(NamedTuple):
@@ -106,6 +107,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self.other_calls: dict[str, set[tuple[str, str]]] = {}
         self._inflight: dict[int, kmock.Request] = {}
         self._with_status: set[tuple[str, str]] = set()
+        # A foreground deletion waits for the garbage collector (the object keeps a
+        # `foregroundDeletion` finalizer); with no pods here, it finishes at once unless a test
+        # plays the kubelet and releases it after stopping the "pods" (`release`).
+        self.hold_foreground = False
         for path, kind, namespaced, subresources in RESOURCES:
             self.resources[path] = kmock.ResourceInfo(
                 kind=kind,
@@ -204,6 +209,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self._inflight[id(request)] = request
         self._requests[:] = [r for r in self._requests if id(r) in self._inflight]
         try:
+            if (self.hold_foreground and request.action == kmock.action.DELETE and request.name
+                    and isinstance(request.data, dict) and request.data.get("propagationPolicy") == "Foreground"):
+                self._hold(request)
             if request.resource is not None and isinstance(request.data, dict | list):
                 if request.action == kmock.action.CREATE and isinstance(request.data, dict):
                     self._stamp_create(request)
@@ -212,6 +220,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             return await super()._handle(request)
         finally:
             self._inflight.pop(id(request), None)
+
+    def _hold(self, request: kmock.Request) -> None:
+        key: Any = (request.resource, request.namespace, request.name)
+        if key in self.objects and not self.objects[key].deleted:
+            finalizers = list(self.objects[key].get("metadata", {}).get("finalizers") or [])
+            if FOREGROUND not in finalizers:
+                self.objects[key].patch({"metadata": {"finalizers": [*finalizers, FOREGROUND]}})
 
     def _stamp_create(self, request: kmock.Request) -> None:
         data: dict[str, Any] = request.data

@@ -1,35 +1,29 @@
 """End to end without a cluster: run what the operator's Deployment runs, against two real NATS servers.
 
-The ConfigMap and Deployment come from the real operator (over the API emulator). The container's
-command, arguments and environment are run locally as a process, with the config file written from
-the ConfigMap, the mounted Secrets' files written from their objects, and every pod path moved under
-a temporary directory.
+The ConfigMap and Deployment come from the real operator (over the API emulator); `pods.py` runs
+the container's command locally as a process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import os
 import signal
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-import yaml
 from nats.aio.client import Client
 from replication_operator import naming, nats_status
 from replication_operator.reconciler import Reconciler
 from replication_operator.testing import wait_for
 
-from replicator.demo.local_nats import LocalNatsServer, free_port
+from replicator.demo.local_nats import LocalNatsServer
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
+from tests.operator.pods import pod_process, running, secrets_of
 from tests.support import certs, nats_jwt
 
 NS = "e2e"
@@ -50,55 +44,12 @@ def _resource(name: str, source: str, target: str, **spec: Any) -> dict[str, Any
     }
 
 
-def _pod_process(
-    deployment: dict[str, Any],
-    configmap: dict[str, Any],
-    root: Path,
-    pod_name: str,
-    secrets: dict[str, dict[str, bytes]],
-) -> tuple[list[str], dict[str, str], int]:
-    """argv, environment and monitor port of the Deployment's container, runnable here."""
-    pod = deployment["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    config = h.materialise(configmap["data"][naming.CONFIG_KEY], root, secrets, h.secret_mounts(deployment))
-    port = free_port()
-    for topic in config["topics"].values():
-        topic["monitor"] = port
-    config_path = root / naming.CONFIG_PATH.lstrip("/")
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(yaml.safe_dump(config))
-
-    executable = Path(sys.prefix) / "bin" / container["command"][0]
-    args = [str(config_path) if a == naming.CONFIG_PATH else a for a in container["args"]]
-    env = dict(os.environ)
-    for var in container["env"]:
-        field = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-        env[var["name"]] = {"metadata.name": pod_name, "metadata.namespace": NS}.get(field, var.get("value", ""))
-    return [str(executable), *container["command"][1:], *args], env, port
-
-
 def _ready(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
-
-
-@contextlib.contextmanager
-def _running(argv: list[str], env: dict[str, str], log: Path) -> Any:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 async def _run_pods(
@@ -114,10 +65,7 @@ async def _run_pods(
     """Run the Deployment's container `pods` times, Secrets included, and check the copy."""
     deployment = await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, name))
     configmap = await wait_for(lambda: api.get(naming.CONFIGMAP, NS, f"{name}-config"))
-    secrets = {}
-    for secret_name in h.secret_mounts(deployment).values():
-        secret = api.get(naming.SECRET, NS, secret_name) or {}
-        secrets[secret_name] = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    secrets = secrets_of(api, deployment, NS)
 
     await source_js.add_stream(name="CMDB", subjects=["acme.cmdb.>"])
     for i in range(MESSAGES):
@@ -126,10 +74,10 @@ async def _run_pods(
     with contextlib.ExitStack() as stack:
         ports, procs = [], []
         for index in range(pods):
-            argv, env, port = _pod_process(
-                deployment, configmap, tmp_path / f"pod{index}", f"{name}-pod-{index}", secrets
+            argv, env, port = pod_process(
+                deployment, configmap, tmp_path / f"pod{index}", f"{name}-pod-{index}", secrets, NS
             )
-            procs.append(stack.enter_context(_running(argv, env, tmp_path / f"pod{index}.log")))
+            procs.append(stack.enter_context(running(argv, env, tmp_path / f"pod{index}.log")))
             ports.append(port)
 
         async def copied() -> bool:

@@ -1,0 +1,224 @@
+"""The native engine against real servers: a 'site' (source, JetStream domain `leaf`) joined to a
+'hub' (target, domain `hub`) by a leafnode, the real operator over the API emulator.
+
+NATS copies through the source entry the operator writes into the hub's stream; these tests read
+what landed, the stream's config (the foreign entry beside ours) and the resource's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig
+from replication_operator import engine, naming, native
+from replication_operator.reconciler import Reconciler
+from replication_operator.testing import wait_for
+
+from replicator.demo.local_nats import LocalNatsServer
+from tests.operator.helpers import Api
+
+NS = "native"
+LEAF_API = "$JS.leaf.API"
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNatsServer, LocalNatsServer]]:
+    """(leaf, hub): the leaf connects to the hub's leafnode port."""
+    hub = LocalNatsServer(name="hub", store_dir=tmp_path_factory.mktemp("hub"), domain="hub",
+                          leafnode_listen=True).start()
+    leaf = LocalNatsServer(name="leaf", store_dir=tmp_path_factory.mktemp("leaf"), domain="leaf",
+                           leafnode_remote=f"nats://127.0.0.1:{hub.leafnode_port}").start()
+    yield leaf, hub
+    leaf.close()
+    hub.close()
+
+
+@pytest.fixture
+async def site_ncs(sites: tuple[LocalNatsServer, LocalNatsServer]) -> AsyncIterator[tuple[Client, Client]]:
+    leaf, hub = sites
+    leaf_nc, hub_nc = await nats.connect(leaf.url), await nats.connect(hub.url)
+
+    async def linked() -> bool:  # the leaf's JetStream answers on the hub through the domain
+        try:
+            await hub_nc.request(f"{LEAF_API}.INFO", b"", timeout=0.5)
+            return True
+        except Exception:
+            return False
+
+    await wait_for(linked, within=15, interval=0.1)
+    yield leaf_nc, hub_nc
+    await leaf_nc.close()
+    await hub_nc.close()
+
+
+def resource(name: str, leaf: LocalNatsServer, hub: LocalNatsServer, **spec: Any) -> dict[str, Any]:
+    source = {"url": leaf.url, "stream": "FLEET", **spec.pop("source", {"domain": "leaf"})}
+    target = {"url": hub.url, "stream": "FLEET_HUB", "subjectPrefix": "hub", **spec.pop("target", {})}
+    return {
+        "apiVersion": naming.API_VERSION,
+        "kind": naming.KIND,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"topic": "fleet.>", "source": source, "target": target, **spec},
+    }
+
+
+async def api_call(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    msg = await nc.request(f"$JS.API.{subject}", json.dumps(body).encode() if body is not None else b"", timeout=5)
+    data = dict(json.loads(msg.data))
+    assert "error" not in data, data
+    return data
+
+
+async def stream_config(nc: Client, name: str) -> dict[str, Any]:
+    return dict((await api_call(nc, f"STREAM.INFO.{name}"))["config"])
+
+
+async def messages(nc: Client, stream: str) -> list[tuple[str, dict[str, str]]]:
+    """(subject, headers) of every message in the stream, in order (an ephemeral pull consumer)."""
+    js = nc.jetstream()
+    last = (await js.stream_info(stream)).state.last_seq
+    info = await js.add_consumer(stream, ConsumerConfig(ack_policy=AckPolicy.NONE, inactive_threshold=10.0))
+    sub = await js.pull_subscribe_bind(info.name, stream)
+    found: list[tuple[str, dict[str, str]]] = []
+    try:
+        seq = 0
+        while seq < last:
+            for msg in await sub.fetch(1000, timeout=5):
+                found.append((msg.subject, dict(msg.headers or {})))
+                seq = msg.metadata.sequence.stream
+    finally:
+        await sub.unsubscribe()
+        await js.delete_consumer(stream, info.name)
+    return found
+
+
+def source_sequences(found: list[tuple[str, dict[str, str]]], subject_prefix: str) -> list[int]:
+    """The source sequence of each copy on our subjects, whichever engine copied it."""
+    seqs = []
+    for subject, headers in found:
+        if not subject.startswith(subject_prefix):
+            continue
+        header = headers.get(native.SOURCE_HEADER) or headers.get("Stream-Replicator-Source") or ""
+        seqs.append(int(header.split(" ")[1]))
+    return seqs
+
+
+async def publish(nc: Client, subject: str, count: int, start: int = 0) -> None:
+    js = nc.jetstream()
+    futures = [await js.publish_async(f"{subject}.n{i % 50}", f'{{"n": {i}}}'.encode())
+               for i in range(start, start + count)]
+    await asyncio.gather(*futures)
+
+
+def condition(api: Api, name: str, kind: str) -> dict[str, Any]:
+    obj = api.get(naming.STREAM_REPLICATION, NS, name) or {}
+    return next((dict(c) for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
+
+
+def status(api: Api, name: str) -> dict[str, Any]:
+    return dict((api.get(naming.STREAM_REPLICATION, NS, name) or {}).get("status") or {})
+
+
+async def test_native_engine_copies_beside_a_foreign_source(
+    api: Api, operator: Reconciler, sites: tuple[LocalNatsServer, LocalNatsServer], site_ncs: tuple[Client, Client],
+) -> None:
+    leaf, hub = sites
+    leaf_nc, hub_nc = site_ncs
+    leaf_js = leaf_nc.jetstream()
+    await leaf_js.add_stream(name="FLEET", subjects=["fleet.>"])
+    await leaf_js.add_stream(name="OTHER", subjects=["other.>"])
+    # The hub's stream exists, with somebody else's source entry (and settings) the operator must keep.
+    foreign = {"name": "OTHER", "filter_subject": "other.>", "external": {"api": LEAF_API}}
+    await api_call(hub_nc, "STREAM.CREATE.FLEET_HUB", {
+        "name": "FLEET_HUB", "subjects": ["local.>"], "storage": "file", "max_msgs_per_subject": 100_000,
+        "sources": [foreign], "description": "the hub's own",
+    })
+    foreign = (await stream_config(hub_nc, "FLEET_HUB"))["sources"][0]  # as the server keeps it
+    await publish(leaf_nc, "other", 20)
+    await publish(leaf_nc, "fleet", 10_000)
+
+    name = "fleet-native"
+    await api.create(resource(name, leaf, hub, engine="native"))
+    await wait_for(lambda: condition(api, name, "Ready").get("reason") == "Sourcing", within=20)
+    assert status(api, name)["engine"] == "native"
+    assert condition(api, name, engine.CONDITION)["reason"] == engine.REQUESTED
+    assert api.get(naming.DEPLOYMENT, NS, name) is None, "the native engine runs no pods"
+
+    async def landed(count: int) -> bool:
+        return source_sequences(await messages(hub_nc, "FLEET_HUB"), "hub.fleet.") == list(range(1, count + 1))
+
+    await wait_for(lambda: landed(10_000), within=60, interval=0.5)
+    found = await messages(hub_nc, "FLEET_HUB")
+    ours = [(s, h) for s, h in found if s.startswith("hub.")]
+    assert {s.split(".")[1] for s, _ in ours} == {"fleet"}, "subject transform: hub.fleet.*"
+    assert sum(1 for s, _ in found if s.startswith("other.")) == 20, "the foreign source still copies"
+    config = await stream_config(hub_nc, "FLEET_HUB")
+    assert config["sources"][0] == foreign and len(config["sources"]) == 2
+    assert config["description"] == "the hub's own" and config["subjects"] == ["local.>"]
+    ours_entry = config["sources"][1]
+    assert ours_entry["name"] == "FLEET" and ours_entry["external"]["api"] == LEAF_API
+    assert ours_entry["subject_transforms"] == [{"src": "fleet.>", "dest": "hub.fleet.>"}]
+    await wait_for(lambda: status(api, name).get("lag") == 0 and status(api, name).get("lastActive"))
+    assert status(api, name)["native"]["stream"] == "FLEET_HUB"
+
+    # Drift: the entry removed by hand comes back, and NATS goes on from where it was.
+    await api_call(hub_nc, "STREAM.UPDATE.FLEET_HUB", {**config, "sources": [foreign]})
+    await wait_for(lambda: "Restored" in api.reasons(NS, name), within=10)
+    await publish(leaf_nc, "fleet", 100, start=10_000)
+    await wait_for(lambda: landed(10_100), within=20, interval=0.3)
+    # Drift: our entry edited by hand (its destination) is put back.
+    edited = [foreign, {**ours_entry, "subject_transforms": [{"src": "fleet.>", "dest": "elsewhere.fleet.>"}]}]
+    await api_call(hub_nc, "STREAM.UPDATE.FLEET_HUB", {**config, "sources": edited})
+    await wait_for(lambda: "Reverted" in api.reasons(NS, name), within=10)
+    assert (await stream_config(hub_nc, "FLEET_HUB"))["sources"][1]["subject_transforms"] == [
+        {"src": "fleet.>", "dest": "hub.fleet.>"}]
+    await publish(leaf_nc, "fleet", 100, start=10_100)
+    await wait_for(lambda: landed(10_200), within=20, interval=0.3)
+
+    # Deleted: our entry goes, the stream, its messages and the foreign entry stay.
+    await api.delete(naming.STREAM_REPLICATION, NS, name)
+    await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, name) is None, within=15)
+    config = await stream_config(hub_nc, "FLEET_HUB")
+    assert config["sources"] == [foreign]
+    assert await landed(10_200)
+    assert "SourceRemoved" in api.reasons(NS, name)
+
+
+async def test_auto_chooses_each_engine_for_its_reason(
+    api: Api, operator: Reconciler, sites: tuple[LocalNatsServer, LocalNatsServer], site_ncs: tuple[Client, Client],
+) -> None:
+    leaf, hub = sites
+    leaf_nc, hub_nc = site_ncs
+    await leaf_nc.jetstream().add_stream(name="AUTO", subjects=["auto.>"])
+    cases = {
+        "reachable": ({"source": {"domain": "leaf", "stream": "AUTO"}}, engine.NATIVE, engine.SOURCE_REACHABLE),
+        "sampled": ({"source": {"domain": "leaf", "stream": "AUTO"},
+                     "sampling": {"inspect": "sender", "age": "5m"}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR),
+        "no-route": ({"source": {"stream": "AUTO"}}, engine.REPLICATOR, engine.NO_ROUTE),
+        "unreachable": ({"source": {"domain": "nowhere", "stream": "AUTO"}}, engine.REPLICATOR,
+                        engine.SOURCE_UNREACHABLE),
+    }
+    for case, (spec, _, _) in cases.items():
+        body = resource(f"auto-{case}", leaf, hub, target={"stream": f"AUTO_{case.upper().replace('-', '_')}"}, **spec)
+        body["spec"]["topic"] = "auto.>"
+        await api.create(body)
+    for case, (_, chosen, reason) in cases.items():
+        name = f"auto-{case}"
+        await wait_for(lambda name=name: condition(api, name, engine.CONDITION).get("reason"), within=15)
+        cond = condition(api, name, engine.CONDITION)
+        assert (cond["reason"], cond["message"].split(":")[0]) == (reason, chosen), cond
+        if chosen == engine.NATIVE:
+            await wait_for(lambda name=name: status(api, name).get("engine") == "native", within=10)
+            assert api.get(naming.DEPLOYMENT, NS, name) is None
+        else:
+            await wait_for(lambda name=name: api.get(naming.DEPLOYMENT, NS, name), within=10)
+            assert status(api, name).get("engine") == "replicator"
+    assert "through JetStream domain \"nowhere\"" in condition(api, "auto-unreachable", engine.CONDITION)["message"]
+    assert "spec.sampling" in condition(api, "auto-sampled", engine.CONDITION)["message"]
+
