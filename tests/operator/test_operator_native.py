@@ -10,18 +10,21 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 from replication_operator import engine, naming, native
 from replication_operator.reconciler import Reconciler
-from replication_operator.testing import wait_for
+from replication_operator.testing import ClusterEmulator, wait_for
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator.helpers import Api
+from tests.operator.pods import Kubelet
 
 NS = "native"
 LEAF_API = "$JS.leaf.API"
@@ -222,3 +225,93 @@ async def test_auto_chooses_each_engine_for_its_reason(
     assert "through JetStream domain \"nowhere\"" in condition(api, "auto-unreachable", engine.CONDITION)["message"]
     assert "spec.sampling" in condition(api, "auto-sampled", engine.CONDITION)["message"]
 
+
+
+class Publisher:
+    """Publishes to the source without pause until stopped; `count` messages so far."""
+
+    def __init__(self, nc: Client, subject: str) -> None:
+        self.nc, self.subject, self.count = nc, subject, 0
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        js = self.nc.jetstream()
+        while not self._stop.is_set():
+            futures = [await js.publish_async(f"{self.subject}.n{i % 20}", f'{{"n": {i}}}'.encode())
+                       for i in range(self.count, self.count + 25)]
+            await asyncio.gather(*futures)
+            self.count += len(futures)
+            await asyncio.sleep(0.02)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> int:
+        self._stop.set()
+        assert self._task is not None
+        await self._task
+        return self.count
+
+
+@pytest.mark.slow
+async def test_engine_switches_lose_and_repeat_nothing(
+    api: Api, cluster: ClusterEmulator, operator: Reconciler, sites: tuple[LocalNatsServer, LocalNatsServer],
+    site_ncs: tuple[Client, Client], tmp_path: Path,
+) -> None:
+    """replicator -> native -> replicator while the source is written without pause: every source
+    message lands exactly once, in order, whichever engine copied it."""
+    leaf, hub = sites
+    leaf_nc, hub_nc = site_ncs
+    cluster.hold_foreground = True  # the Deployment goes only once the kubelet below stopped its pod
+    await leaf_nc.jetstream().add_stream(name="SWITCH", subjects=["switch.>"])
+    name = "switching"
+    body = resource(name, leaf, hub, engine="replicator", target={"stream": "SWITCH_HUB"})
+    body["spec"].update(topic="switch.>")
+    body["spec"]["source"]["stream"] = "SWITCH"
+    publisher = Publisher(leaf_nc, "switch")
+    publisher.start()
+
+    async def landed() -> list[int]:
+        try:
+            return source_sequences(await messages(hub_nc, "SWITCH_HUB"), "hub.switch.")
+        except nats.js.errors.NotFoundError:
+            return []
+
+    async def grows(by: int) -> None:
+        before = len(await landed())
+        await wait_for(lambda: _longer(landed, before + by), within=30, interval=0.3)
+
+    async with Kubelet(api, NS, name, tmp_path) as kubelet:
+        await api.create(body)
+        await grows(500)  # the replicator's pod copies
+        assert kubelet.starts == 1
+
+        await api.patch(naming.STREAM_REPLICATION, NS, name, {"spec": {"engine": "native"}})
+        await wait_for(lambda: condition(api, name, "Ready").get("reason") == "Sourcing", within=30)
+        assert kubelet.proc is None and kubelet.exit_codes == [0]
+        assert api.get(naming.DEPLOYMENT, NS, name) is None and api.get(naming.CONFIGMAP, NS, f"{name}-config") is None
+        handed = status(api, name)["native"]["start"]["sequence"]
+        await grows(500)  # NATS copies
+
+        await api.patch(naming.STREAM_REPLICATION, NS, name, {"spec": {"engine": "replicator"}})
+        await wait_for(lambda: kubelet.starts == 2, within=30)
+        after = status(api, name)
+        assert after["engine"] == "replicator" and after.get("resumeAfter", 0) >= handed
+        assert (await stream_config(hub_nc, "SWITCH_HUB")).get("sources") in (None, [])
+        await grows(500)  # the replicator's new pod copies again
+
+        published = await publisher.stop()
+        await wait_for(lambda: _longer(landed, published), within=60, interval=0.5)
+        seqs = await landed()
+    lost = sorted(set(range(1, published + 1)) - set(seqs))
+    duplicated = len(seqs) - len(set(seqs))
+    print(f"\nengine switches under load: {published} published, {len(seqs)} landed, "
+          f"handover at {handed} and {after.get('resumeAfter')}, lost {len(lost)}, duplicated {duplicated}")
+    assert (lost, duplicated) == ([], 0)
+    assert seqs == list(range(1, published + 1)), "in order"
+    assert "StoppingReplicator" in api.reasons(NS, name) and "SourceRemoved" in api.reasons(NS, name)
+
+
+async def _longer(landed: Any, count: int) -> bool:
+    return len(await landed()) >= count
