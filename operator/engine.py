@@ -30,6 +30,7 @@ SOURCE_REACHABLE = "SourceReachable"  # auto: the probe from the target succeede
 # Degraded reasons when `native` is asked for but cannot run (the current engine keeps running).
 NATIVE_UNSUPPORTED = "NativeUnsupported"
 NATIVE_UNAVAILABLE = "NativeUnavailable"
+NATIVE_WOULD_REPEAT = "NativeWouldRepeat"  # NATS would resume an earlier entry and copy again
 # Degraded reasons while the native engine runs or hands over.
 SOURCE_ENTRY_FAILED = "SourceEntryFailed"  # the target's stream could not be read or changed
 TARGET_STREAM_MISSING = "TargetStreamMissing"  # no target stream and spec.target.create is false
@@ -98,8 +99,23 @@ def before_probe(spec: ReplicationSpec, raw_spec: Mapping[str, Any] | None = Non
     return None
 
 
-def after_probe(spec: ReplicationSpec, path: Route, stream: str | None, error: str | None) -> Choice:
-    """`error`: why the target could not read the source stream's info (None: it could)."""
+def would_repeat(remembered: int, landed: int, stream: str) -> str:
+    """Why a source entry cannot come back once the replicator copied past where NATS stopped:
+    NATS keeps its own position for an entry it had (and its copies carry it), so a new entry
+    that NATS takes for the old one resumes there, whatever start the operator asks for."""
+    return (f"NATS remembers that its source entry stopped at sequence {remembered} on stream {stream}; the "
+            f"replicator has copied up to {landed} since, so an entry now would copy {landed - remembered} "
+            "messages again (use a new target stream to run natively)")
+
+
+def after_probe(spec: ReplicationSpec, path: Route, stream: str | None, error: str | None,
+                repeat: str | None = None) -> Choice:
+    """`error`: why the target could not read the source stream's info (None: it could);
+    `repeat`: why a native entry would copy messages again (see `would_repeat`)."""
+    if error is None and repeat is not None:
+        if spec.engine == NATIVE:
+            return Choice(NATIVE, NATIVE_WOULD_REPEAT, f"spec.engine is native but {repeat}", problem=True)
+        return Choice(REPLICATOR, NATIVE_WOULD_REPEAT, repeat)
     if error is None:
         reason = REQUESTED if spec.engine == NATIVE else SOURCE_REACHABLE
         return Choice(NATIVE, reason, f"the target reaches stream {stream} through {path.via}")

@@ -46,6 +46,10 @@ def _replicator_children(name: str) -> list[tuple[naming.Kind, str]]:
     ]
 
 
+class WouldRepeat(NativeError):
+    """Starting the entry now would copy again what the replicator copied (see engine.would_repeat)."""
+
+
 @dataclass
 class NativeOutcome:
     problems: list[st.Problem] = field(default_factory=list)
@@ -79,7 +83,8 @@ class NativeEngine:
             message = str(recorded.get("message") or "").split(": ", 1)[-1]
             choice = Choice(engine.engine_of(str(recorded.get("reason")), spec), str(recorded.get("reason")), message)
         else:
-            choice = engine.before_probe(spec, body.get("spec")) or await self._probe(spec)
+            choice = engine.before_probe(spec, body.get("spec")) or await self._probe(
+                spec, self._status(body, memory))
         previous = memory.choice
         if previous is None or (previous.engine, previous.reason, previous.message) != (
                 choice.engine, choice.reason, choice.message):
@@ -88,15 +93,33 @@ class NativeEngine:
         memory.choice, memory.choice_generation = choice, generation
         return choice
 
-    async def _probe(self, spec: ReplicationSpec) -> Choice:
+    async def _probe(self, spec: ReplicationSpec, status: Mapping[str, Any]) -> Choice:
         path = engine.route(spec)
         assert path is not None
+        repeat = None
         try:
             async with await self._session(spec) as target:
                 stream, _ = await target.source_stream(path, spec.source.stream, spec.topic)
+                repeat = await self._repeat(spec, status, target, spec.target.stream or stream, stream)
         except (NativeError, NatsStatusError) as err:
             return engine.after_probe(spec, path, None, str(err))
-        return engine.after_probe(spec, path, stream, None)
+        return engine.after_probe(spec, path, stream, None, repeat)
+
+    async def _repeat(self, spec: ReplicationSpec, status: Mapping[str, Any], target: TargetSession,
+                      stream: str, source_stream: str) -> str | None:
+        """Back from the replicator to native after an earlier native period: NATS would resume its
+        old entry (where it stopped, `status.resumeAfter`) rather than after the replicator's copies."""
+        remembered = status.get("resumeAfter")
+        if status.get("engine") != REPLICATOR or not remembered:
+            return None
+        landed = await self._landed(spec, target, stream, source_stream)
+        return engine.would_repeat(int(remembered), landed, stream) if landed > int(remembered) else None
+
+    async def _landed(self, spec: ReplicationSpec, target: TargetSession, stream: str, source_stream: str) -> int:
+        if await target.stream_info(stream) is None:
+            return 0
+        subject = rewrite_subject(spec.topic, spec.target.subject_prefix, spec.target.subject_remove)
+        return await target.replicator_landed(stream, subject, source_stream, spec.name)
 
     # ---- native in charge ----
     async def run(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> NativeOutcome:
@@ -111,6 +134,11 @@ class NativeEngine:
         try:
             async with await self._session(spec) as target:
                 outcome = await self._configure(body, spec, memory, target)
+        except WouldRepeat as err:  # decide again: auto goes back to the replicator
+            memory.choice = None
+            outcome.problems.append(st.Problem(engine.NATIVE_WOULD_REPEAT, str(err)))
+            outcome.retry = True
+            return outcome
         except (NativeError, NatsStatusError) as err:
             outcome.problems.append(st.Problem(engine.SOURCE_ENTRY_FAILED, f"native engine: {err}"))
         if not memory.children_gone and await self._delete_children(body, outcome):
@@ -199,11 +227,12 @@ class NativeEngine:
                            stream: str, source: Mapping[str, Any] | None, source_stream: str) -> Start:
         """Right after what the replicator landed when it ran before; else `spec.start`."""
         if status.get("engine") == REPLICATOR:
-            subject = rewrite_subject(spec.topic, spec.target.subject_prefix, spec.target.subject_remove)
-            if await target.stream_info(stream) is not None:
-                landed = await target.replicator_landed(stream, subject, source_stream, spec.name)
-                if landed:
-                    return Start(sequence=landed + 1)
+            landed = await self._landed(spec, target, stream, source_stream)
+            remembered = int(status.get("resumeAfter") or 0)
+            if remembered and landed > remembered:  # the pods copied on after the engine was chosen
+                raise WouldRepeat(engine.would_repeat(remembered, landed, stream))
+            if landed:
+                return Start(sequence=landed + 1)
         last = int(((source or {}).get("state") or {}).get("last_seq") or 0)
         if spec.start.get("atEnd") and source is None:
             raise NativeError("start.atEnd needs the source stream's last sequence, which the target cannot read")

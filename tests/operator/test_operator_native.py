@@ -197,7 +197,7 @@ async def test_auto_chooses_each_engine_for_its_reason(
     api: Api, operator: Reconciler, sites: tuple[LocalNatsServer, LocalNatsServer], site_ncs: tuple[Client, Client],
 ) -> None:
     leaf, hub = sites
-    leaf_nc, hub_nc = site_ncs
+    leaf_nc, _ = site_ncs
     await leaf_nc.jetstream().add_stream(name="AUTO", subjects=["auto.>"])
     cases = {
         "reachable": ({"source": {"domain": "leaf", "stream": "AUTO"}}, engine.NATIVE, engine.SOURCE_REACHABLE),
@@ -300,6 +300,12 @@ async def test_engine_switches_lose_and_repeat_nothing(
         assert after["engine"] == "replicator" and after.get("resumeAfter", 0) >= handed
         assert (await stream_config(hub_nc, "SWITCH_HUB")).get("sources") in (None, [])
         await grows(500)  # the replicator's new pod copies again
+        # Back to native now would make NATS resume its earlier entry (it remembers where that
+        # stopped) and copy again what the replicator copied since: refused, the pod keeps copying.
+        await api.patch(naming.STREAM_REPLICATION, NS, name, {"spec": {"engine": "native"}})
+        await wait_for(lambda: condition(api, name, "Degraded").get("reason") == engine.NATIVE_WOULD_REPEAT)
+        assert kubelet.starts == 2 and kubelet.proc is not None and kubelet.proc.poll() is None
+        await grows(200)
 
         published = await publisher.stop()
         await wait_for(lambda: _longer(landed, published), within=60, interval=0.5)
