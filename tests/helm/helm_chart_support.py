@@ -18,8 +18,8 @@ CHART_DIR = REPO / "helm" / "stream-replicator"
 RELEASE = "sr"
 RELEASE_NAMESPACE = "ops"
 
-CHILDREN = frozenset({"get", "list", "watch", "create", "patch"})
-OPTIONAL_CHILDREN = CHILDREN | {"delete"}
+# Every child may be deleted: optional ones when the spec drops them, all when the native engine takes over.
+CHILDREN = frozenset({"get", "list", "watch", "create", "patch", "delete"})
 PEERING = frozenset({"list", "watch", "patch"})  # kopf watches and patches it, never reads it by name
 
 # (apiGroup, resource) -> verbs. Namespaced resources: granted in each served namespace (or cluster-wide).
@@ -29,9 +29,9 @@ EXPECTED_NAMESPACED: dict[tuple[str, str], frozenset[str]] = {
     ("", "configmaps"): CHILDREN,
     ("", "services"): CHILDREN,
     ("apps", "deployments"): CHILDREN,
-    ("policy", "poddisruptionbudgets"): OPTIONAL_CHILDREN,
-    ("monitoring.coreos.com", "servicemonitors"): OPTIONAL_CHILDREN,
-    ("sparkoperator.k8s.io", "scheduledsparkapplications"): OPTIONAL_CHILDREN,
+    ("policy", "poddisruptionbudgets"): CHILDREN,
+    ("monitoring.coreos.com", "servicemonitors"): CHILDREN,
+    ("sparkoperator.k8s.io", "scheduledsparkapplications"): CHILDREN,
     ("", "secrets"): frozenset({"get"}),
     ("", "events"): frozenset({"create"}),
 }

@@ -1,10 +1,11 @@
 """RBAC lists only what is used: the operator's real API calls against the chart's rendered rules.
 
 The real operator (kopf + handlers, `embedded_operator`) runs through a StreamReplication's whole
-life against the API emulator, which records every call by caller as an RBAC (verb, group, resource,
-namespaced?). The chart is rendered by the real Helm engine for the same mode, and the operator is
-started the way the chart's Deployment starts it (its arguments parsed by the real CLI parser), with
-the peering object the chart creates. Then:
+life against the API emulator, for both engines (a native-engine resource against real servers
+joined by a leafnode, switched to the replicator and back), which records every call by caller as
+an RBAC (verb, group, resource, namespaced?). The chart is rendered by the real Helm engine for the
+same mode, and the operator is started the way the chart's Deployment starts it (its arguments
+parsed by the real CLI parser), with the peering object the chart creates. Then:
 
 (a) every call the operator made is granted by the chart (and by `expected_rbac`, the contract
     tests/helm checks the chart against): nothing is used without permission;
@@ -14,16 +15,20 @@ the peering object the chart creates. Then:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import kmock
+import nats
 import pytest
 from replication_operator import naming
 from replication_operator.main import build_parser, operator_config
 from replication_operator.testing import OPERATOR_TOKEN, ApiCall, ClusterEmulator, embedded_operator, wait_for
 
+from replicator.demo.local_nats import LocalNatsServer
 from tests.helm.helm_chart_support import expected_rbac, find, one, permissions, rbac_rules, render
 from tests.operator import helpers as h
 from tests.operator.conftest import FAST
@@ -66,12 +71,12 @@ def _resource() -> dict[str, Any]:
     return resource
 
 
-def _status(api: Api) -> dict[str, Any]:
-    return dict((api.get(naming.STREAM_REPLICATION, NS, NAME) or {}).get("status") or {})
+def _status(api: Api, name: str = NAME) -> dict[str, Any]:
+    return dict((api.get(naming.STREAM_REPLICATION, NS, name) or {}).get("status") or {})
 
 
-def _condition(api: Api, kind: str) -> dict[str, Any]:
-    return next((dict(c) for c in _status(api).get("conditions") or [] if c["type"] == kind), {})
+def _condition(api: Api, kind: str, name: str = NAME) -> dict[str, Any]:
+    return next((dict(c) for c in _status(api, name).get("conditions") or [] if c["type"] == kind), {})
 
 
 OPTIONAL = (
@@ -133,6 +138,65 @@ async def _lifecycle(api: Api) -> None:
     await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, NAME) is None)
 
 
+async def _native_lifecycle(api: Api, leaf: LocalNatsServer, hub: LocalNatsServer) -> None:
+    """The native engine's calls: a resource NATS copies for (no Deployment), switched to the
+    replicator and back (the Deployment created, then deleted in the foreground), then deleted
+    (the finalizer removes the source entry)."""
+    name = "native-engine"
+    body = {
+        "apiVersion": naming.API_VERSION, "kind": naming.KIND, "metadata": {"name": name, "namespace": NS},
+        "spec": {"topic": "rbac.>", "engine": "native",
+                 "source": {"url": leaf.url, "stream": "RBAC", "domain": "leaf"},
+                 "target": {"url": hub.url, "stream": "RBAC_HUB", "subjectPrefix": "hub"}},
+    }
+    await api.create(body)
+
+    def sourcing(generation: int) -> bool:
+        ready = _condition(api, "Ready", name)
+        return ready.get("reason") == "Sourcing" and ready.get("observedGeneration") == generation
+
+    await wait_for(lambda: sourcing(1), within=15)
+    await api.patch(naming.STREAM_REPLICATION, NS, name, {"spec": {"engine": "replicator"}})
+    await wait_for(lambda: _condition(api, "Ready", name).get("observedGeneration") == 2, within=15)
+    assert api.get(naming.DEPLOYMENT, NS, name) is not None
+    await api.patch(naming.STREAM_REPLICATION, NS, name, {"spec": {"engine": "native"}})
+    await wait_for(lambda: sourcing(3), within=15)
+    assert api.get(naming.DEPLOYMENT, NS, name) is None
+    await api.delete(naming.STREAM_REPLICATION, NS, name)
+    await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, name) is None, within=15)
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNatsServer, LocalNatsServer]]:
+    """A source (JetStream domain `leaf`) joined to a target (`hub`) by a leafnode, with the source
+    stream the native lifecycle reads."""
+    hub = LocalNatsServer(name="hub", store_dir=tmp_path_factory.mktemp("hub"), domain="hub",
+                          leafnode_listen=True).start()
+    leaf = LocalNatsServer(name="leaf", store_dir=tmp_path_factory.mktemp("leaf"), domain="leaf",
+                           leafnode_remote=f"nats://127.0.0.1:{hub.leafnode_port}").start()
+
+    async def prepare() -> None:
+        nc = await nats.connect(leaf.url)
+        await nc.jetstream().add_stream(name="RBAC", subjects=["rbac.>"])
+        await nc.close()
+        hub_nc = await nats.connect(hub.url)
+
+        async def linked() -> bool:
+            try:
+                await hub_nc.request("$JS.leaf.API.INFO", b"", timeout=0.5)
+                return True
+            except Exception:
+                return False
+
+        await wait_for(linked, within=15, interval=0.1)
+        await hub_nc.close()
+
+    asyncio.run(prepare())
+    yield leaf, hub
+    leaf.close()
+    hub.close()
+
+
 async def _post(cluster: ClusterEmulator, path: str, obj: dict[str, Any]) -> None:
     async with cluster.post(path, json=obj) as resp:
         assert resp.status < 300, (resp.status, await resp.text())
@@ -144,7 +208,8 @@ def _granted(grants: dict[str, Permissions], call: ApiCall) -> bool:
     return any(call.verb in grants.get(scope, {}).get((call.group, call.resource), ()) for scope in scopes)
 
 
-async def _run(mode: str) -> tuple[bool, set[ApiCall], ClusterEmulator]:
+async def _run(mode: str, sites: tuple[LocalNatsServer, LocalNatsServer]) -> tuple[bool, set[ApiCall],
+                                                                                 ClusterEmulator]:
     """(cluster-wide?, the operator's calls, the emulator) after a whole lifecycle, the operator
     started as the chart's Deployment starts it in a mode."""
     objects = render(MODES[mode])
@@ -171,6 +236,7 @@ async def _run(mode: str) -> tuple[bool, set[ApiCall], ClusterEmulator]:
             peering=None if args.standalone else args.peering,
         ):
             await _lifecycle(Api(cluster))
+            await _native_lifecycle(Api(cluster), *sites)
         return bool(args.all_namespaces), cluster.calls_of(OPERATOR_TOKEN), cluster
 
 
@@ -180,8 +246,10 @@ def _table(calls: set[ApiCall]) -> str:
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-async def test_rbac_grants_exactly_what_the_operator_calls(mode: str) -> None:
-    clusterwide, calls, cluster = await _run(mode)
+async def test_rbac_grants_exactly_what_the_operator_calls(
+    mode: str, sites: tuple[LocalNatsServer, LocalNatsServer]
+) -> None:
+    clusterwide, calls, cluster = await _run(mode, sites)
     print(f"\n{mode}: the operator's calls (verb, group, resource, namespaced):\n{_table(calls)}")
     assert set(cluster.api_calls) <= {"", OPERATOR_TOKEN}, "a caller the test does not know"
     assert calls, "no calls recorded for the operator"

@@ -14,8 +14,7 @@ With rbac.rolesOnly the operator runs `--roles-only` and makes no cluster-scoped
 */}}
 {{- define "stream-replicator.rbacRules" -}}
 {{- $clusterwide := eq (include "stream-replicator.clusterwide" .) "true" -}}
-{{- $children := list "get" "list" "watch" "create" "patch" -}}
-{{- $optionalChildren := list "get" "list" "watch" "create" "patch" "delete" -}}
+{{- $children := list "get" "list" "watch" "create" "patch" "delete" -}}
 {{- if .Values.rbac.rolesOnly }}
 cluster: []
 {{- else }}
@@ -46,8 +45,9 @@ namespaced:
   - apiGroups: ["streamreplicator.io"]
     resources: ["streamreplications/status"]
     verbs: ["patch"]
-  # Children the operator builds for each StreamReplication: always-present ones are never deleted
-  # by the operator (owner references cascade), optional ones are removed when the spec drops them.
+  # Children the operator builds for each StreamReplication (engine replicator): optional ones are
+  # removed when the spec drops them, all of them when the resource moves to the native engine (the
+  # Deployment first, in the foreground, so that its pods are gone before NATS copies).
   - apiGroups: [""]
     resources: ["configmaps", "services"]
     verbs: {{ $children | toJson }}
@@ -56,13 +56,13 @@ namespaced:
     verbs: {{ $children | toJson }}
   - apiGroups: ["policy"]
     resources: ["poddisruptionbudgets"]
-    verbs: {{ $optionalChildren | toJson }}
+    verbs: {{ $children | toJson }}
   - apiGroups: ["monitoring.coreos.com"]
     resources: ["servicemonitors"]
-    verbs: {{ $optionalChildren | toJson }}
+    verbs: {{ $children | toJson }}
   - apiGroups: ["sparkoperator.k8s.io"]
     resources: ["scheduledsparkapplications"]
-    verbs: {{ $optionalChildren | toJson }}
+    verbs: {{ $children | toJson }}
   # NATS credentials and TLS material referenced by the spec: read by name only (the same read gives
   # the opt-in label the tenancy policy checks; never list or watch, which would read every Secret).
   - apiGroups: [""]
