@@ -3,6 +3,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from replicator.copier.provenance import stream_identity, writer_id
 from tests.copier.helpers import (
     InProcess,
@@ -126,3 +128,22 @@ async def test_max_age_skips_old_messages(source_server, target_server, source_n
     assert indices(await read_all(target_nc, "FLEET")) == list(range(30, 35))
     info = await source_nc.jetstream().consumer_info("FLEET", "sr")
     assert info.ack_floor.stream_seq == 35
+
+
+@pytest.mark.parametrize("mode", ["ordered", "scaled"])
+async def test_resume_after_skips_what_another_engine_copied(mode, source_server, target_server, source_nc,
+                                                             target_nc):
+    """The operator's engine switch: the native engine copied up to 70 while this replicator was
+    away (its durable still at 30); with `resume_after: 70` it goes on at 71, nothing twice."""
+    await make_stream(source_nc)
+    await publish_many(source_nc, 30)
+    extra = {"queued": True, "workers": 2} if mode == "scaled" else {}
+    profile = profile_for(topic_config(source_server.url, target_server.url, **extra))
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", 30) == 30
+    await publish_many(source_nc, 70, start=30)
+    handed_over = profile_for(topic_config(source_server.url, target_server.url, resume_after=70, **extra))
+    async with InProcess(handed_over):
+        assert await wait_for_count(target_nc, "FLEET", 60) == 60
+        await asyncio.sleep(0.5)
+    assert sorted(indices(await read_all(target_nc, "FLEET"))) == [*range(30), *range(70, 100)]

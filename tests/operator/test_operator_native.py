@@ -160,6 +160,8 @@ async def test_native_engine_copies_beside_a_foreign_source(
     found = await messages(hub_nc, "FLEET_HUB")
     ours = [(s, h) for s, h in found if s.startswith("hub.")]
     assert {s.split(".")[1] for s, _ in ours} == {"fleet"}, "subject transform: hub.fleet.*"
+    # The server names our entry in every copy as the operator expects (it finds handovers by it).
+    assert ours[-1][1][native.SOURCE_HEADER].startswith(f"FLEET:{native.api_hash(LEAF_API)} 10000 fleet.> hub.fleet.> ")
     assert sum(1 for s, _ in found if s.startswith("other.")) == 20, "the foreign source still copies"
     config = await stream_config(hub_nc, "FLEET_HUB")
     assert config["sources"][0] == foreign and len(config["sources"]) == 2

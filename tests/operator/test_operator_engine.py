@@ -1,0 +1,212 @@
+"""The engine choice and the native engine's source entry, as pure functions: spec in, choice or
+entry out (the real servers are in test_operator_native.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from replication_operator import engine, native, worker_config
+from replication_operator import status as st
+from replication_operator.native import Route, Start
+from replication_operator.spec import SpecError, parse_spec
+
+from tests.operator import helpers as h
+
+LEAF = Route(api="$JS.leaf.API", deliver=None, via='JetStream domain "leaf"')
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    source = {"url": "nats://leaf:4222", "stream": "FLEET", **spec.pop("source", {"domain": "leaf"})}
+    target = {"url": "nats://hub:4222", **spec.pop("target", {})}
+    return {
+        "apiVersion": "streamreplicator.io/v1alpha1", "kind": "StreamReplication",
+        "metadata": {"name": "fleet", "namespace": "ns", "uid": "u1", "generation": 1},
+        "spec": {"topic": "fleet.>", "source": source, "target": target, **spec},
+    }
+
+
+def spec_of(**spec: Any) -> Any:
+    return parse_spec(body(**spec))
+
+
+# ---- the spec and the CRD ----
+def test_spec_reads_the_engine_and_how_the_target_reaches_the_source() -> None:
+    spec = spec_of()
+    assert spec.engine == "auto" and spec.source.domain == "leaf"
+    spec = spec_of(engine="native", source={"apiPrefix": "JS.site.API", "deliverPrefix": "deliver.site"})
+    assert (spec.engine, spec.source.api_prefix, spec.source.deliver_prefix) == (
+        "native", "JS.site.API", "deliver.site")
+    with pytest.raises(SpecError, match="domain or apiPrefix, not both"):
+        spec_of(source={"domain": "leaf", "apiPrefix": "JS.site.API"})
+    with pytest.raises(SpecError, match="deliverPrefix needs"):
+        spec_of(source={"deliverPrefix": "d"})
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"engine": "native", "source": {}}, "engine native needs source.domain or source.apiPrefix"),
+    ({"engine": "native", "maxAge": "1h"}, "engine native cannot sample"),
+    ({"source": {"domain": "leaf", "apiPrefix": "JS.x.API"}}, "source takes domain or apiPrefix, not both"),
+    ({"source": {"deliverPrefix": "d.x"}}, "source.deliverPrefix needs source.apiPrefix"),
+    ({"engine": "sometimes"}, "engine"),
+])
+def test_the_crd_refuses_what_no_engine_can_run(spec: dict[str, Any], message: str) -> None:
+    errors = h.cr_errors(body(**spec))
+    assert any(message in e for e in errors), errors
+
+
+def test_the_crd_accepts_each_engine() -> None:
+    for spec in ({}, {"engine": "native"}, {"engine": "replicator", "source": {}},
+                 {"engine": "native", "source": {"apiPrefix": "JS.x.API", "deliverPrefix": "d.x"}}):
+        assert h.cr_errors(body(**spec)) == [], spec
+
+
+# ---- the choice ----
+@pytest.mark.parametrize("spec, chosen, reason, problem", [
+    ({"engine": "replicator"}, engine.REPLICATOR, engine.REQUESTED, False),
+    ({"sampling": {"inspect": "sender", "age": "5m"}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
+    ({"maxAge": "1h"}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
+    ({"heartbeats": [{"subject": "hb"}]}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
+    ({"target": {"subjectRemove": "fleet."}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
+    ({"source": {}}, engine.REPLICATOR, engine.NO_ROUTE, False),
+    ({"engine": "native", "maxAge": "1h"}, engine.NATIVE, engine.NATIVE_UNSUPPORTED, True),
+    ({"engine": "native", "source": {}}, engine.NATIVE, engine.NATIVE_UNSUPPORTED, True),
+])
+def test_choices_that_need_no_probe(spec: dict[str, Any], chosen: str, reason: str, problem: bool) -> None:
+    resource = body(**spec)
+    choice = engine.before_probe(parse_spec(resource), resource["spec"])
+    assert choice is not None and (choice.engine, choice.reason, choice.problem) == (chosen, reason, problem)
+
+
+def test_choices_after_the_probe() -> None:
+    auto, explicit = spec_of(), spec_of(engine="native")
+    assert engine.before_probe(auto) is None and engine.before_probe(explicit) is None
+    reached = engine.after_probe(auto, LEAF, "FLEET", None)
+    assert (reached.engine, reached.reason) == (engine.NATIVE, engine.SOURCE_REACHABLE)
+    assert "stream FLEET through JetStream domain \"leaf\"" in reached.message
+    failed = engine.after_probe(auto, LEAF, None, "no responders")
+    assert (failed.engine, failed.reason, failed.problem) == (engine.REPLICATOR, engine.SOURCE_UNREACHABLE, False)
+    failed = engine.after_probe(explicit, LEAF, None, "no responders")
+    assert (failed.engine, failed.reason, failed.problem) == (engine.NATIVE, engine.NATIVE_UNAVAILABLE, True)
+    repeat = engine.would_repeat(100, 250, "FLEET_HUB")
+    assert "copy 150 messages again" in repeat
+    assert engine.after_probe(auto, LEAF, "FLEET", None, repeat).engine == engine.REPLICATOR
+    assert engine.after_probe(explicit, LEAF, "FLEET", None, repeat).problem
+    # The choice survives a restart through its condition's reason.
+    assert engine.engine_of(engine.SOURCE_REACHABLE, auto) == engine.NATIVE
+    assert engine.engine_of(engine.REQUESTED, explicit) == engine.NATIVE
+    assert engine.engine_of(engine.NO_ROUTE, auto) == engine.REPLICATOR
+    cond = engine.condition(reached, 4)
+    assert (cond["type"], cond["status"], cond["observedGeneration"]) == ("Engine", "True", 4)
+
+
+# ---- the entry ----
+@pytest.mark.parametrize("topic, target, mapping", [
+    ("fleet.>", {}, ("fleet.>", "fleet.>")),
+    ("fleet.>", {"subjectPrefix": "hub"}, ("fleet.>", "hub.fleet.>")),
+    ("fleet.*.x", {"subjectPrefix": "a.b"}, ("fleet.*.x", "a.b.fleet.*.x")),
+    ("acme.cmdb.node1", {"subjectRemove": "acme."}, ("acme.cmdb.node1", "cmdb.node1")),
+    ("acme.cmdb.>", {"subjectRemove": "acme."}, None),  # text in a wildcard token would go too
+])
+def test_subject_rewrites_as_transforms(topic: str, target: dict[str, Any], mapping: Any) -> None:
+    resource = body(target=target)
+    resource["spec"]["topic"] = topic
+    assert native.subject_mapping(parse_spec(resource)) == mapping
+
+
+def test_entries_in_the_servers_json() -> None:
+    plain = native.build_entry(spec_of(), LEAF, "FLEET", Start())
+    assert plain == {"name": "FLEET", "opt_start_seq": 1, "filter_subject": "fleet.>",
+                     "external": {"api": "$JS.leaf.API"}}
+    resource = body(target={"subjectPrefix": "hub"})
+    resource["spec"]["topic"] = "fleet.*.>"
+    imported = Route(api="JS.site.API", deliver="deliver.site", via="")
+    entry = native.build_entry(parse_spec(resource), imported, "FLEET", Start(time="2026-01-01T00:00:00Z"))
+    assert entry == {"name": "FLEET", "opt_start_time": "2026-01-01T00:00:00Z",
+                     "subject_transforms": [{"src": "fleet.*.>", "dest": "hub.fleet.{{wildcard(1)}}.>"}],
+                     "external": {"api": "JS.site.API", "deliver": "deliver.site"}}
+    assert native.identity(entry) == ("FLEET", "JS.site.API", ("fleet.*.>",))
+
+
+@pytest.mark.parametrize("start, expected", [
+    ({}, Start(sequence=1)),
+    ({"sequence": 42}, Start(sequence=42)),
+    ({"atEnd": True}, Start(sequence=1001)),
+    ({"delta": "1h"}, Start(time="2026-01-02T02:04:05.000000Z")),
+    ({"time": "2025-12-31T23:00:00Z"}, Start(time="2025-12-31T23:00:00.000000Z")),
+])
+def test_spec_start_resolved_once(start: dict[str, Any], expected: Start) -> None:
+    assert native.spec_start(spec_of(start=start), NOW, source_last_seq=1000) == expected
+    assert Start.from_status(expected.status()) == expected
+
+
+def test_our_entry_beside_foreign_ones() -> None:
+    foreign = {"name": "OTHER", "filter_subject": "other.>", "external": {"api": "$JS.leaf.API", "deliver": ""}}
+    same_stream_other_filter = {"name": "FLEET", "filter_subject": "fleet.eu.>", "external": {"api": "$JS.leaf.API"}}
+    ours = native.build_entry(spec_of(), LEAF, "FLEET", Start(sequence=5))
+    added = native.with_entry([foreign, same_stream_other_filter], ours, [])
+    assert added == [foreign, same_stream_other_filter, ours]
+    assert native.with_entry(added, ours, []) is None, "nothing to change"
+    # As the server returns it: an empty deliver prefix, and a start NATS no longer reads: unchanged.
+    live = [foreign, same_stream_other_filter, {**ours, "external": {"api": "$JS.leaf.API", "deliver": ""},
+                                                "opt_start_seq": 1}]
+    assert native.with_entry(live, ours, []) is None
+    # Edited by hand (its destination): put back, the foreign ones untouched, its start kept.
+    edited = {**live[2], "filter_subject": None, "subject_transforms": [{"src": "fleet.>", "dest": "x.>"}]}
+    fixed = native.with_entry([foreign, edited, same_stream_other_filter], ours, [])
+    assert fixed == [foreign, {**ours, "opt_start_seq": 1}, same_stream_other_filter]
+    # The spec moved to another topic: the entry recorded earlier is replaced, not left behind.
+    moved = native.build_entry(spec_of(topic="fleet.eu.>"), LEAF, "FLEET", Start(sequence=9))
+    replaced = native.with_entry([foreign, ours], moved, [native.identity(ours)])
+    assert replaced == [foreign, moved]
+    assert native.without_entry(replaced, [native.identity(moved)]) == [foreign]
+    assert native.without_entry([foreign], [native.identity(moved)]) is None
+
+
+def test_the_servers_source_header_names_our_entry() -> None:
+    entry = native.build_entry(spec_of(target={"subjectPrefix": "hub"}), LEAF, "FLEET", Start())
+    hashed = native.api_hash("$JS.leaf.API")
+    assert len(hashed) == 8 and hashed.isalnum()
+    header = f"FLEET:{hashed} 77 fleet.> hub.fleet.> fleet.n3 YOYkSOgu"
+    assert native.delivered_sequence(header, entry) == 77
+    other_domain = native.api_hash("$JS.other.API")
+    assert native.delivered_sequence(f"FLEET:{other_domain} 77 fleet.> hub.fleet.> s", entry) is None
+    assert native.delivered_sequence("FLEET 77 fleet.> > fleet.n3", entry) is None
+    assert native.delivered_sequence(None, entry) is None
+
+
+def test_status_fields_like_the_replication_report() -> None:
+    fields = native.source_fields({"name": "FLEET", "lag": 12, "active": 2_000_000_000}, NOW)
+    assert fields == {"lag": 12, "lastActive": "2026-01-02T03:04:03Z"}
+    fields = native.source_fields({"name": "FLEET", "active": -1, "error": {"code": 503, "description": "gone"}}, NOW)
+    assert fields == {"lag": 0, "error": "gone"}
+    conditions = st.conditions_for_native([], st.Native(configured=True, stream="HUB", source="FLEET"), 2)
+    assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
+        ("Ready", "True", st.SOURCING), ("Progressing", "False", st.SOURCE_CONFIGURED),
+        ("Degraded", "False", "Healthy")]
+    failing = st.conditions_for_native([], st.Native(configured=True, stream="HUB", source="FLEET", error="gone"), 2)
+    assert [(c["type"], c["status"], c["reason"]) for c in failing][::2] == [
+        ("Ready", "False", st.SOURCE_ERROR), ("Degraded", "True", st.SOURCE_ERROR)]
+    stopping = st.conditions_for_native([], st.Native(stopping=True), 2)
+    assert stopping[0]["reason"] == st.STOPPING_REPLICATOR
+
+
+def test_a_created_target_follows_the_replicators_rules() -> None:
+    source_config = {"name": "FLEET", "subjects": ["fleet.>"], "max_msgs_per_subject": 50, "storage": "file",
+                     "sources": [{"name": "UP"}], "placement": {"cluster": "c1"}, "republish": {"src": ">"},
+                     "metadata": {"_nats.req.level": "1", "team": "ops"}}
+    spec = spec_of(target={"subjectPrefix": "hub", "stream": "FLEET_HUB"})
+    entry = native.build_entry(spec, LEAF, "FLEET", Start())
+    config = native.target_config(source_config, spec, "FLEET_HUB", entry, "FLEET")
+    assert config["name"] == "FLEET_HUB" and config["subjects"] == ["hub.fleet.>"]
+    assert config["sources"] == [entry] and config["max_msgs_per_subject"] == 50
+    assert "placement" not in config and "republish" not in config and config["metadata"] == {"team": "ops"}
+
+
+def test_the_worker_config_takes_the_handover() -> None:
+    config = worker_config.build_worker_config(spec_of(engine="replicator"), resume_after=4096)
+    assert config["topics"]["fleet"]["resume_after"] == 4096
+    worker_config.validate(config)
+    assert "resume_after" not in worker_config.build_worker_config(spec_of())["topics"]["fleet"]
