@@ -6,7 +6,7 @@ import importlib
 import sys
 
 BENCHES = ("bench.dataplane", "bench.sampling", "bench.limiter_memory", "bench.fleet_health",
-           "bench.operator_reconcile")
+           "bench.operator_reconcile", "bench.native_engine")
 
 
 def main() -> int:
