@@ -12,16 +12,18 @@ middle continues where it stopped.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from replication_operator import engine, naming, native
+from replication_operator import engine, naming, native, nats_status
 from replication_operator import status as st
 from replication_operator.builders import controlled_by
 from replication_operator.engine import NATIVE, REPLICATOR, Choice
-from replication_operator.kube import APIError, error_text
+from replication_operator.kube import APIError, KubeApi, error_text
+from replication_operator.memory import Memory
 from replication_operator.native import Start
 from replication_operator.native_nats import NativeError, TargetSession
 from replication_operator.nats_status import NatsStatusError
@@ -30,8 +32,20 @@ from replication_operator.spec import ReplicationSpec
 from replicator.copier.provenance import PROVENANCE, parse_provenance
 from replicator.transport.subjects import rewrite_subject
 
-if TYPE_CHECKING:
-    from replication_operator.reconciler import Reconciler, _Memory
+
+class Operator(Protocol):
+    """What the native engine uses of the Reconciler (which owns it)."""
+
+    api: KubeApi
+
+    @property
+    def config(self) -> Any: ...
+    def clock(self) -> dt.datetime: ...
+    def forget_children(self, uid: str) -> None: ...
+    async def _auth(self, spec: ReplicationSpec, endpoint: Any) -> nats_status.Auth: ...
+    def _event(self, body: Mapping[str, Any], kind: str, reason: str, message: str) -> None: ...
+    async def _persist(self, body: Mapping[str, Any], memory: Memory, fields: Mapping[str, Any]) -> None: ...
+    async def _get_quietly(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 log = logging.getLogger("replication_operator")
 
@@ -60,10 +74,10 @@ class NativeOutcome:
 class NativeEngine:
     """The native engine's side of a reconcile pass; the Reconciler owns the rest."""
 
-    def __init__(self, reconciler: Reconciler) -> None:
+    def __init__(self, reconciler: Operator) -> None:
         self.rec = reconciler
 
-    def _status(self, body: Mapping[str, Any], memory: _Memory) -> dict[str, Any]:
+    def _status(self, body: Mapping[str, Any], memory: Memory) -> dict[str, Any]:
         return dict(memory.status or body.get("status") or {})
 
     async def _session(self, spec: ReplicationSpec) -> TargetSession:
@@ -71,7 +85,7 @@ class NativeEngine:
         return TargetSession(spec.target.url, auth, self.rec.config.nats_timeout)
 
     # ---- which engine ----
-    async def choose(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> Choice:
+    async def choose(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory) -> Choice:
         """Made once per spec generation (remembered in the Engine condition across restarts);
         a choice that cannot run (`problem`) is tried again on every pass."""
         generation = (body.get("metadata") or {}).get("generation")
@@ -122,7 +136,7 @@ class NativeEngine:
         return await target.replicator_landed(stream, subject, source_stream, spec.name)
 
     # ---- native in charge ----
-    async def run(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> NativeOutcome:
+    async def run(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory) -> NativeOutcome:
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         self.rec.forget_children(uid)
@@ -146,7 +160,7 @@ class NativeEngine:
         return outcome
 
     async def _stop_pods(self, body: Mapping[str, Any], deployment: Mapping[str, Any],
-                         memory: _Memory) -> NativeOutcome:
+                         memory: Memory) -> NativeOutcome:
         meta = body["metadata"]
         memory.awaiting_pods = True
         memory.children_gone = False
@@ -162,7 +176,7 @@ class NativeEngine:
                             "are gone")
         return NativeOutcome(view=st.Native(stopping=True))
 
-    async def _configure(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory,
+    async def _configure(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory,
                          target: TargetSession) -> NativeOutcome:
         path = engine.route(spec)
         assert path is not None
@@ -255,7 +269,7 @@ class NativeEngine:
 
     # ---- the replicator takes over ----
     async def leave(self, body: Mapping[str, Any], spec: ReplicationSpec,
-                    memory: _Memory) -> tuple[list[st.Problem], int | None]:
+                    memory: Memory) -> tuple[list[st.Problem], int | None]:
         """Remove our entry and find where NATS stopped: (problems, resume_after for the replicator)."""
         status = self._status(body, memory)
         recorded = status.get("native")
@@ -304,7 +318,7 @@ class NativeEngine:
             await target.update_stream({**info["config"], "sources": sources})
         return f"removed the source entry for {recorded.get('sourceStream')} from stream {stream}"
 
-    async def refresh(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> bool:
+    async def refresh(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory) -> bool:
         """The status tick: lag, last activity and NATS's error from the target stream's info.
         False when the entry is missing or changed (drift: the caller reconciles)."""
         recorded = self._status(body, memory).get("native") or {}

@@ -8,14 +8,13 @@ last, the last problems and status) that makes child events cheap; a restart reb
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime as dt
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -28,8 +27,8 @@ from replication_operator.builders import (
     contains,
     controlled_by,
 )
-from replication_operator.engine import Choice
 from replication_operator.kube import APIError, APINotFoundError, KubeApi, error_text
+from replication_operator.memory import Memory
 from replication_operator.native_engine import NativeEngine
 from replication_operator.native_nats import NativeError
 from replication_operator.spec import ReplicationSpec, SpecError, parse_spec
@@ -109,26 +108,6 @@ class Outcome:
     retry: bool = False  # a transient API failure: worth retrying soon
 
 
-@dataclass
-class _Memory:
-    """What the operator remembers about one resource between passes."""
-
-    problems: list[st.Problem] = field(default_factory=list)
-    posted: tuple[tuple[str, str], ...] = ()
-    observed_generation: int | None = None
-    status: dict[str, Any] = field(default_factory=dict)
-    last_full: float = 0.0
-    nats_errors: dict[str, str] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # The engine: the choice (and the spec generation it was made for), the native engine's view.
-    choice: Choice | None = None
-    choice_generation: int | None = None
-    native_view: st.Native | None = None
-    native_fields: dict[str, Any] = field(default_factory=dict)  # lag, lastActive
-    awaiting_pods: bool = False  # switching to native: the worker Deployment is being deleted
-    children_gone: bool = False  # native: the replicator's other children were deleted
-
-
 def _key(obj: Mapping[str, Any]) -> ChildKey:
     meta = obj["metadata"]
     return (naming.kind_of(dict(obj)).plural, meta["namespace"], meta["name"])
@@ -150,14 +129,14 @@ class Reconciler:
         self.policy = self.config.make_policy()
         self.api = api or KubeApi()
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
-        self.memory: dict[str, _Memory] = {}
+        self.memory: dict[str, Memory] = {}
         self.desired: dict[ChildKey, dict[str, Any]] = {}
         self.native = NativeEngine(self)
 
     # ---- bookkeeping ----
-    def _memory(self, uid: str) -> _Memory:
+    def _memory(self, uid: str) -> Memory:
         if uid not in self.memory:
-            self.memory[uid] = _Memory()
+            self.memory[uid] = Memory()
         return self.memory[uid]
 
     def forget(self, uid: str) -> None:
@@ -183,7 +162,7 @@ class Reconciler:
         async with memory.lock:
             return await self._reconcile(body, memory, cause)
 
-    async def _reconcile(self, body: Mapping[str, Any], memory: _Memory, cause: str) -> Outcome:
+    async def _reconcile(self, body: Mapping[str, Any], memory: Memory, cause: str) -> Outcome:
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         generation = meta.get("generation")
@@ -379,7 +358,7 @@ class Reconciler:
         meta = body["metadata"]
         log.log(level, "%s/%s: %s: %s", meta.get("namespace"), meta.get("name"), reason, message)
 
-    def _post_problems(self, body: Mapping[str, Any], memory: _Memory, problems: list[st.Problem]) -> None:
+    def _post_problems(self, body: Mapping[str, Any], memory: Memory, problems: list[st.Problem]) -> None:
         """A Warning event per new problem; one Normal event when they are all gone."""
         current = tuple((p.reason, p.message) for p in problems)
         if current == memory.posted:
@@ -391,7 +370,7 @@ class Reconciler:
             self._event(body, "Normal", "Recovered", "all problems are resolved")
         memory.posted = current
 
-    async def _write_status(self, body: Mapping[str, Any], memory: _Memory,
+    async def _write_status(self, body: Mapping[str, Any], memory: Memory,
                             deployment: Mapping[str, Any] | None, desired_replicas: int) -> None:
         meta = body["metadata"]
         old = memory.status or dict(body.get("status") or {})
@@ -411,7 +390,7 @@ class Reconciler:
             new.update(memory.native_fields)
         await self._patch_status(body, memory, old, new)
 
-    async def _persist(self, body: Mapping[str, Any], memory: _Memory, fields: Mapping[str, Any]) -> None:
+    async def _persist(self, body: Mapping[str, Any], memory: Memory, fields: Mapping[str, Any]) -> None:
         """Write these status fields now (an engine switch's step); None removes a field. Raises
         when they cannot be written: the next step must not run without them."""
         meta = body["metadata"]
@@ -421,7 +400,7 @@ class Reconciler:
             await self.api.patch_status(naming.STREAM_REPLICATION, meta["namespace"], meta["name"], patch)
         memory.status = {k: v for k, v in {**old, **fields}.items() if v is not None}
 
-    async def _patch_status(self, body: Mapping[str, Any], memory: _Memory,
+    async def _patch_status(self, body: Mapping[str, Any], memory: Memory,
                             old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         patch = st.status_patch(old, new)
         memory.status = {**old, **new}
@@ -519,7 +498,7 @@ class Reconciler:
                 old = memory.status or dict(body.get("status") or {})
                 await self._patch_status(body, memory, old, fields)
 
-    async def _refresh_native(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: _Memory) -> None:
+    async def _refresh_native(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory) -> None:
         """Native engine: the target stream's view of our entry; drift (entry gone or edited) is
         repaired at once."""
         try:
@@ -563,13 +542,13 @@ class Reconciler:
         return nats_status.auth_from_secrets(endpoint, secrets)
 
     def _nats_error(
-        self, body: Mapping[str, Any], memory: _Memory, what: str, reason: str, message: str
+        self, body: Mapping[str, Any], memory: Memory, what: str, reason: str, message: str
     ) -> None:
         if memory.nats_errors.get(what) != message:
             memory.nats_errors[what] = message
             self._event(body, "Warning", reason, message)
 
-    def _nats_ok(self, body: Mapping[str, Any], memory: _Memory, what: str) -> None:
+    def _nats_ok(self, body: Mapping[str, Any], memory: Memory, what: str) -> None:
         if memory.nats_errors.pop(what, None) is not None:
             self._event(body, "Normal", "LagAvailable" if what == "lag" else "FleetAvailable",
                         f"reading {what} again")

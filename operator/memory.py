@@ -1,0 +1,31 @@
+"""What the operator remembers about one resource between reconcile passes (a cache: a restart
+rebuilds it from the resource, its status and its children on resume)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from replication_operator import status as st
+from replication_operator.engine import Choice
+
+
+@dataclass
+class Memory:
+    """What the operator remembers about one resource between passes."""
+
+    problems: list[st.Problem] = field(default_factory=list)
+    posted: tuple[tuple[str, str], ...] = ()
+    observed_generation: int | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+    last_full: float = 0.0
+    nats_errors: dict[str, str] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The engine: the choice (and the spec generation it was made for), the native engine's view.
+    choice: Choice | None = None
+    choice_generation: int | None = None
+    native_view: st.Native | None = None
+    native_fields: dict[str, Any] = field(default_factory=dict)  # lag, lastActive
+    awaiting_pods: bool = False  # switching to native: the worker Deployment is being deleted
+    children_gone: bool = False  # native: the replicator's other children were deleted
