@@ -336,9 +336,10 @@ async def embedded_operator(
     namespaces: list[str] | None = None,
     config: OperatorConfig | None = None,
     peering: str | None = None,
+    login: handlers.Login | None = None,
 ) -> AsyncIterator[Reconciler]:
     """The operator's real handlers in this event loop, logged in to `server` with the bearer token
-    `OPERATOR_TOKEN`; stopped on exit.
+    `OPERATOR_TOKEN` (or by `login`, a kopf login function); stopped on exit.
 
     Cluster-wide unless `namespaces` are given (kopf then lists and watches namespaces: create them
     in the emulator first). Standalone unless `peering` names a peering object (ClusterKopfPeering
@@ -348,10 +349,10 @@ async def embedded_operator(
     registry = kopf.OperatorRegistry()
     reconciler = Reconciler(config or OperatorConfig())
 
-    def login(**_: Any) -> kopf.ConnectionInfo:
+    def token_login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=server, insecure=True, token=OPERATOR_TOKEN)
 
-    handlers.register(registry, reconciler, login=login)
+    handlers.register(registry, reconciler, login=login or token_login)
 
     foreign = _ForeignTasks(set(asyncio.all_tasks()))
     ready, stop = asyncio.Event(), asyncio.Event()

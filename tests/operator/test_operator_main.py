@@ -12,15 +12,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
 from replication_operator import main as cli
 from replication_operator import naming
-from replication_operator.testing import ClusterEmulator, wait_for
+from replication_operator.kube import KubeApi
+from replication_operator.testing import ApiCall, ClusterEmulator, wait_for
 
 from replicator.demo.local_nats import free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
+from tests.support import certs
 
 SCRIPT = str(Path(sys.prefix) / "bin" / "stream-replicator-operator")
 
@@ -136,6 +139,10 @@ async def test_console_script_serves_the_cluster_with_peering(tmp_path: Path) ->
                 assert image == "registry.example/sr:1.2.3"
                 assert "resources" in (_liveness(port) or {})  # our probe (kopf caches its value)
                 await wait_for(lambda: "Handler 'apply-create' succeeded" in logs[0].read_text(), within=5)
+                # The operator's own client (the official one) logged in from the same kubeconfig.
+                await wait_for(lambda: ApiCall("patch", naming.GROUP, "streamreplications/status", True)
+                               in cluster.calls_of("not-a-secret"), within=5)
+                assert ApiCall("create", "apps", "deployments", True) in cluster.calls_of("not-a-secret")
                 await asyncio.sleep(0.5)
                 waiting = logs[1].read_text()[mark:]
                 assert "Handler 'apply-" not in waiting and "Resuming operations" not in waiting
@@ -144,3 +151,34 @@ async def test_console_script_serves_the_cluster_with_peering(tmp_path: Path) ->
                     proc.send_signal(signal.SIGTERM)
                 codes = [await asyncio.to_thread(proc.wait, 20) for proc in procs]
             assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
+
+
+async def test_the_client_takes_kopfs_connection_info(tmp_path: Path) -> None:
+    """Certificate material given as data (a kubeconfig with embedded certificates) reaches the
+    official client as private files; a token as its bearer key."""
+    ca = certs.CertificateAuthority.create()
+    client = ca.issue("operator", client=True)
+    cert, key = certs.cert_pem(client.cert), certs.key_pem(client.key)
+    api = KubeApi()
+    api.use(kopf.ConnectionInfo(server="https://10.0.0.1:6443/", ca_data=certs.cert_pem(ca.cert),
+                                certificate_data=cert, private_key_data=key, token="t0k3n"))
+    try:
+        assert api._client is not None
+        config = api._client.configuration
+        assert config.host == "https://10.0.0.1:6443" and config.verify_ssl
+        assert config.ca_cert_data == certs.cert_pem(ca.cert).decode()
+        assert _read(config.cert_file) == cert and _read(config.key_file) == key
+        assert oct(os.stat(config.key_file).st_mode & 0o777) == "0o600"
+        assert await config.get_api_key_with_prefix("BearerToken") == "Bearer t0k3n"
+    finally:
+        await api.close()
+    assert not _exists(config.key_file)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
