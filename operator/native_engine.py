@@ -132,8 +132,11 @@ class NativeEngine:
     async def _landed(self, spec: ReplicationSpec, target: TargetSession, stream: str, source_stream: str) -> int:
         if await target.stream_info(stream) is None:
             return 0
+        path = engine.route(spec)
+        assert path is not None
+        writer = await target.writer(path, source_stream, spec.name)
         subject = rewrite_subject(spec.topic, spec.target.subject_prefix, spec.target.subject_remove)
-        return await target.replicator_landed(stream, subject, source_stream, spec.name)
+        return await target.replicator_landed(stream, subject, writer)
 
     # ---- native in charge ----
     async def run(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory) -> NativeOutcome:
@@ -278,6 +281,7 @@ class NativeEngine:
         stream = str(recorded.get("stream"))
 
         def replicators_copy(headers: dict[str, str]) -> bool:
+            """A copy the replicator made before this native period: the entry delivered nothing later."""
             prov = parse_provenance(headers.get(PROVENANCE))
             return prov is not None and prov.stream == recorded.get("sourceStream") and prov.name == spec.name
 

@@ -22,7 +22,9 @@ from replication_operator import native, nats_status
 from replication_operator.native import Route
 
 from replicator.config import redact_url
-from replicator.copier.provenance import last_copied
+from replicator.copier.position import TargetPosition
+from replicator.copier.provenance import Writer, stream_identity
+from replicator.transport.streams import StreamSetupError, stream_created
 
 API = "$JS.API"
 STREAM_NOT_FOUND = 10059
@@ -169,7 +171,18 @@ class TargetSession:
             return None
         raise NativeError(f"no message from the source entry among the last {SCAN_LIMIT} of stream {stream}")
 
-    async def replicator_landed(self, stream: str, subject: str, source_stream: str, name: str) -> int:
-        """The last source sequence the replicator landed on `stream` (its provenance header)."""
+    async def writer(self, route: Route, source_stream: str, name: str) -> Writer:
+        """The replicator's writer identity for this source stream instance (read through `route`)."""
         assert self.nc is not None
-        return await last_copied(self.nc.jetstream(timeout=self.time_limit), stream, subject, source_stream, name)
+        try:
+            created = await stream_created(self.nc, source_stream, route.api, self.time_limit)
+        except (StreamSetupError, NoRespondersError, NatsTimeout) as err:
+            raise NativeError(f"cannot read source stream {source_stream} through {route.via}: {err}") from None
+        return Writer(source_stream, name, stream_identity(created))
+
+    async def replicator_landed(self, stream: str, subject: str, writer: Writer) -> int:
+        """The last source sequence the replicator (`writer`) landed on `stream`, from its provenance
+        header, found as the replicator itself finds it when resuming."""
+        assert self.nc is not None
+        landed = await TargetPosition(self.nc, stream, subject, writer).last_landed(floor=0, scan=True)
+        return landed.source_seq
