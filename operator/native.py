@@ -181,6 +181,28 @@ def identity_from_status(native: Mapping[str, Any] | None) -> Identity | None:
             tuple(str(s) for s in native.get("filterSubjects") or [ALL]))
 
 
+def recorded_entry(native: Mapping[str, Any]) -> dict[str, Any]:
+    """The entry status.native describes (without its start): enough to recognise its copies."""
+    subjects = tuple(native.get("filterSubjects") or [ALL])
+    dests = tuple(native.get("destinations") or [ALL])
+    entry: dict[str, Any] = {"name": native.get("sourceStream")}
+    if len(dests) == len(subjects) and dests != (ALL,):
+        entry["subject_transforms"] = [{"src": s, "dest": d} for s, d in zip(subjects, dests, strict=True)]
+    else:
+        entry["filter_subject"] = subjects[0]
+    if native.get("apiPrefix"):
+        entry["external"] = {"api": native["apiPrefix"]}
+    return entry
+
+
+def moved(recorded: Mapping[str, Any], desired: Mapping[str, Any], stream: str) -> bool:
+    """Whether the spec moved the entry (another target stream, source, API prefix, filter or
+    destination): NATS would take the new one for a new source and start it afresh."""
+    if not recorded.get("sourceStream"):
+        return False
+    return recorded.get("stream") != stream or header_key(recorded_entry(recorded)) != header_key(desired)
+
+
 OWNED_FIELDS = ("filter_subject", "subject_transforms", "external")
 
 

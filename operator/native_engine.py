@@ -158,6 +158,9 @@ class NativeEngine:
             return outcome
         except (NativeError, NatsStatusError) as err:
             outcome.problems.append(st.Problem(engine.SOURCE_ENTRY_FAILED, f"native engine: {err}"))
+        except APIError as err:  # a step's status could not be recorded: the next pass repeats it
+            outcome.problems.append(st.Problem(st.APPLY_FAILED, f"status: {error_text(err)}"))
+            outcome.retry = True
         if not memory.children_gone and await self._delete_children(body, outcome):
             memory.children_gone = True
         return outcome
@@ -199,6 +202,14 @@ class NativeEngine:
             recorded = {**recorded, "stream": stream, "start": start.status()}
             await self.rec._persist(body, memory, {"engine": NATIVE, "native": recorded, "resumeAfter": None})
         desired = native.build_entry(spec, path, source_stream, start)
+        if native.moved(recorded, desired, stream):  # the spec moved it: go on where the old one stopped
+            last = await self._detach(target, recorded, spec)
+            start = Start(sequence=last + 1) if last else start
+            recorded = {"stream": stream, "start": start.status()}
+            await self.rec._persist(body, memory, {"native": recorded})
+            desired = native.build_entry(spec, path, source_stream, start)
+            self.rec._event(body, "Normal", "SourceMoved", "the spec moved the source entry: removed the old one"
+                            + (f", the new one starts after source sequence {last}" if last else ""))
         owned = [i for i in [native.identity_from_status(recorded)] if i]
         info = await target.stream_info(stream)
         label = f"stream {stream}"
@@ -280,29 +291,39 @@ class NativeEngine:
             return [], status.get("resumeAfter")
         stream = str(recorded.get("stream"))
 
+        try:
+            async with await self._session(spec) as target:
+                last = await self._detach(target, recorded, spec)
+            self.rec._event(body, "Normal", "SourceRemoved",
+                            f"removed the source entry from stream {stream}: the replicator takes over "
+                            + (f"after source sequence {last}" if last else "where it left off"))
+        except (NativeError, NatsStatusError) as err:
+            return [st.Problem(engine.HANDOVER_FAILED, f"cannot hand over from the native engine: {err}")], None
+        try:
+            await self.rec._persist(body, memory, {"engine": REPLICATOR, "native": None, "resumeAfter": last})
+        except APIError as err:  # the entry is gone: the next pass finds the same position again
+            return [st.Problem(st.APPLY_FAILED, f"status: {error_text(err)}")], None
+        memory.native_fields = {}
+        return [], last
+
+    async def _detach(self, target: TargetSession, recorded: Mapping[str, Any], spec: ReplicationSpec) -> int | None:
+        """Remove the entry status.native records from its stream; the last source sequence it
+        delivered there (None: nothing, or the stream is gone)."""
+        stream = str(recorded.get("stream"))
+        info = await target.stream_info(stream)
+        if info is None:
+            return None
+        owned = native.identity_from_status(recorded)
+        sources = native.without_entry(info["config"].get("sources"), [owned] if owned else [])
+        if sources is not None:
+            await target.update_stream({**info["config"], "sources": sources})
+
         def replicators_copy(headers: dict[str, str]) -> bool:
-            """A copy the replicator made before this native period: the entry delivered nothing later."""
+            """A copy the replicator made before this entry: the entry delivered nothing later."""
             prov = parse_provenance(headers.get(PROVENANCE))
             return prov is not None and prov.stream == recorded.get("sourceStream") and prov.name == spec.name
 
-        try:
-            async with await self._session(spec) as target:
-                info = await target.stream_info(stream)
-                last = None
-                if info is not None:
-                    owned = native.identity_from_status(recorded)
-                    sources = native.without_entry(info["config"].get("sources"), [owned] if owned else [])
-                    if sources is not None:
-                        await target.update_stream({**info["config"], "sources": sources})
-                    last = await target.last_delivered(stream, recorded, replicators_copy)
-                    self.rec._event(body, "Normal", "SourceRemoved",
-                                    f"removed the source entry from stream {stream}: the replicator takes over "
-                                    + (f"after source sequence {last}" if last else "where it left off"))
-        except (NativeError, NatsStatusError) as err:
-            return [st.Problem(engine.HANDOVER_FAILED, f"cannot hand over from the native engine: {err}")], None
-        await self.rec._persist(body, memory, {"engine": REPLICATOR, "native": None, "resumeAfter": last})
-        memory.native_fields = {}
-        return [], last
+        return await target.last_delivered(stream, recorded, replicators_copy)
 
     async def remove(self, body: Mapping[str, Any], spec: ReplicationSpec) -> str | None:
         """The resource is being deleted: remove our entry (the stream and its messages stay).

@@ -146,13 +146,7 @@ class TargetSession:
         recognises as older than anything the entry delivered (the replicator's last copy)."""
         filters = tuple(recorded.get("filterSubjects") or [native.ALL])
         destinations = tuple(recorded.get("destinations") or [native.ALL])
-        entry: dict[str, Any] = {"name": recorded.get("sourceStream")}
-        if len(destinations) == len(filters) and destinations != (native.ALL,):
-            entry["subject_transforms"] = [{"src": s, "dest": d} for s, d in zip(filters, destinations, strict=True)]
-        else:
-            entry["filter_subject"] = filters[0]
-        if recorded.get("apiPrefix"):
-            entry["external"] = {"api": recorded["apiPrefix"]}
+        entry = native.recorded_entry(recorded)
         last = await self.message(stream, {"last_by_subj": target_subject(destinations, filters)})
         if not last:
             return None

@@ -9,6 +9,7 @@ last, the last problems and status) that makes child events cheap; a restart reb
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -209,7 +210,8 @@ class Reconciler:
             apply_problems, deployment, retry = await self._apply(body, children, cause)
             problems.extend(apply_problems)
             if (memory.status or body.get("status") or {}).get("engine") != engine.REPLICATOR:
-                await self._persist(body, memory, {"engine": engine.REPLICATOR})
+                with contextlib.suppress(APIError):  # written with the rest of the status otherwise
+                    await self._persist(body, memory, {"engine": engine.REPLICATOR})
         if deployment is None and memory.native_view is None:
             live = await self._get_quietly(naming.DEPLOYMENT, namespace, naming.deployment_name(name))
             deployment = live if live and controlled_by(live, uid) else None
@@ -475,7 +477,8 @@ class Reconciler:
         memory = self._memory(body["metadata"]["uid"])
         if any(p.reason in NO_NATS_READS for p in memory.problems) or policy.check(spec, self.policy):
             return  # a refused resource is not read either: no connection to a host it may not name
-        if memory.native_view is not None:
+        in_charge = (memory.status or body.get("status") or {}).get("engine")
+        if memory.native_view is not None or in_charge == engine.NATIVE:
             await self._refresh_native(body, spec, memory)
             return
         fields: dict[str, Any] = {}

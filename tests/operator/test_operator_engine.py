@@ -210,3 +210,14 @@ def test_the_worker_config_takes_the_handover() -> None:
     assert config["topics"]["fleet"]["resume_after"] == 4096
     worker_config.validate(config)
     assert "resume_after" not in worker_config.build_worker_config(spec_of())["topics"]["fleet"]
+
+
+def test_a_spec_change_that_nats_would_take_for_a_new_source() -> None:
+    entry = native.build_entry(spec_of(target={"subjectPrefix": "hub"}), LEAF, "FLEET", Start())
+    recorded = {"stream": "HUB", **native.identity_status(entry), "destinations": list(native.destinations(entry))}
+    assert native.header_key(native.recorded_entry(recorded)) == native.header_key(entry)
+    assert not native.moved(recorded, entry, "HUB")
+    assert native.moved(recorded, entry, "OTHER_HUB"), "another target stream"
+    assert native.moved(recorded, native.build_entry(spec_of(target={"subjectPrefix": "hub2"}), LEAF, "FLEET",
+                                                     Start()), "HUB"), "another destination"
+    assert not native.moved({"stream": "HUB", "start": {"sequence": 5}}, entry, "HUB"), "nothing written yet"

@@ -186,12 +186,27 @@ async def test_native_engine_copies_beside_a_foreign_source(
     await publish(leaf_nc, "fleet", 100, start=10_100)
     await wait_for(lambda: landed(10_200), within=20, interval=0.3)
 
+    # The spec moves the entry (another prefix: a new source to NATS): the new one goes on after
+    # the last message the old one delivered, under the new subjects.
+    await api.patch(naming.STREAM_REPLICATION, NS, name, {"spec": {"target": {"subjectPrefix": "hub2"}}})
+    await wait_for(lambda: "SourceMoved" in api.reasons(NS, name), within=10)
+    await publish(leaf_nc, "fleet", 100, start=10_200)
+
+    async def moved() -> bool:
+        found = await messages(hub_nc, "FLEET_HUB")
+        return source_sequences(found, "hub2.fleet.") == list(range(10_201, 10_301))
+
+    await wait_for(moved, within=20, interval=0.3)
+    config = await stream_config(hub_nc, "FLEET_HUB")
+    assert [s.get("subject_transforms") for s in config["sources"]] == [
+        None, [{"src": "fleet.>", "dest": "hub2.fleet.>"}]]
+
     # Deleted: our entry goes, the stream, its messages and the foreign entry stay.
     await api.delete(naming.STREAM_REPLICATION, NS, name)
     await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, name) is None, within=15)
     config = await stream_config(hub_nc, "FLEET_HUB")
     assert config["sources"] == [foreign]
-    assert await landed(10_200)
+    assert await landed(10_200) and await moved()
     assert "SourceRemoved" in api.reasons(NS, name)
 
 
