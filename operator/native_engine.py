@@ -99,11 +99,10 @@ class NativeEngine:
         else:
             choice = engine.before_probe(spec, body.get("spec")) or await self._probe(
                 spec, self._status(body, memory))
-            previous = memory.choice
-            if previous is None or (previous.engine, previous.reason, previous.message) != (
-                    choice.engine, choice.reason, choice.message):
-                kind, reason = ("Warning", choice.reason) if choice.problem else ("Normal", "EngineChosen")
-                self.rec._event(body, kind, reason, f"{choice.engine}: {choice.message}")
+            previous = memory.choice  # a problem is posted with the others (Degraded, a Warning)
+            if not choice.problem and (previous is None or (previous.engine, previous.reason, previous.message) != (
+                    choice.engine, choice.reason, choice.message)):
+                self.rec._event(body, "Normal", "EngineChosen", f"{choice.engine}: {choice.message}")
         memory.choice, memory.choice_generation = choice, generation
         return choice
 
