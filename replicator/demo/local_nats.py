@@ -6,6 +6,7 @@ fresh machine needs nothing else. Servers listen on free loopback ports only.
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -22,7 +23,37 @@ class NatsServerError(RuntimeError):
     """The local server binary is missing or did not come up."""
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range.
+
+    Port 0 would hand out an ephemeral port, the range every outgoing connection also takes its
+    local port from: a server restarted on its old port (or started a moment after the check)
+    then finds it taken by some client socket. Below that range only listeners compete, and a
+    random pick keeps concurrent test processes apart.
+    """
+    floor = _ephemeral_floor()
+    low, high = (10000, floor - 1) if floor > 11000 else (floor, 65535)
+    for _ in range(200):
+        port = random.randint(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
