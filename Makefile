@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Test processes: most tests wait on real servers rather than compute, so three share two cores well.
+TEST_WORKERS ?= 3
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 demo: $(STAMP)
 	$(BIN)/stream-replicator demo

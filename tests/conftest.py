@@ -10,6 +10,10 @@ from nats.aio.client import Client
 
 from replicator.demo.local_nats import LocalNatsServer
 
+# The fault table's report hooks: here, in the conftest every process loads (the xdist controller
+# never collects tests/faults/conftest.py).
+from tests.support.fault_table import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
