@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import re
 
-import nats
-import nats.js.errors
 from nats.aio.client import Client
 
 from replicator.config.durations import parse_duration
@@ -32,11 +30,10 @@ def regex_arg(text: str) -> re.Pattern[str]:
 async def connect_side(profile: Profile, side: str, name: str, *, reconnect: bool = False) -> Client:
     """A short-lived CLI connection with the profile's URLs, credentials and TLS: it fails fast
     instead of retrying a dead server for ever (or keeps retrying briefly with `reconnect`)."""
-    from replicator.transport.connections import connect_options
+    from replicator.transport.connections import connect_once
 
     async def quiet(_: Exception) -> None:
         return None
 
-    opts = connect_options(profile, side, name)  # type: ignore[arg-type]
-    opts.update(max_reconnect_attempts=10 if reconnect else 1, reconnect_time_wait=1, error_cb=quiet)
-    return await nats.connect(**opts)
+    return await connect_once(profile, side, name,  # type: ignore[arg-type]
+                              max_reconnect_attempts=10 if reconnect else 1, reconnect_time_wait=1, error_cb=quiet)

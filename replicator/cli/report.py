@@ -8,12 +8,10 @@ import contextlib
 import datetime as dt
 from dataclasses import dataclass
 
-import nats
-
 from replicator.config.files import load_config
 from replicator.config.model import Config, Profile
 from replicator.copier.poison import STUCK_NOTE
-from replicator.transport.connections import connect_options
+from replicator.transport.connections import connect_once
 from replicator.transport.streams import find_source_stream
 
 
@@ -32,9 +30,8 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
     row = ReportRow(profile.profile, consumer=profile.consumer_name)
     settings = profile.settings
     try:
-        opts = connect_options(profile, "source", f"{profile.base_name}_report")
-        opts.update(allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout)
-        nc = await nats.connect(**opts)
+        nc = await connect_once(profile, "source", f"{profile.base_name}_report", allow_reconnect=False,
+                                max_reconnect_attempts=0, connect_timeout=timeout)
     except Exception as err:
         row.error = f"source unreachable: {err or type(err).__name__}"
         return row

@@ -185,6 +185,13 @@ class LocalNatsServer:
         self.stop()
         self.start()
 
+    def reload(self) -> None:
+        """Rewrite the config file (after changing e.g. `extra_config`) and signal the running
+        server to reload it, as `nats-server --signal reload` does: connections stay up."""
+        assert self.process is not None and self.store_dir is not None, "not running"
+        (self.store_dir / "server.conf").write_text(self.config_text())
+        self.process.send_signal(signal.SIGHUP)
+
     def close(self) -> None:
         """Stop and remove the store if this object created it."""
         self.stop()

@@ -7,6 +7,8 @@ can run in one process (tests, the demo) without clashing.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -46,13 +48,22 @@ GAUGES = {
     "leader": "1 while this worker is the elected leader of its topic (or election is off), else 0",
     "target_blocked": "1 while the target refuses messages (e.g. stream full), else 0",
     "stuck": "1 while a message keeps failing with an error this release does not classify (after 60 s), else 0",
+    "ready": "1 while the worker is ready (connected to both sides and bound, or a hot standby), else 0",
+}
+
+# The certificates a worker's connections present and trust, per side: extra labels `side`
+# (source|target) and `certificate` (client: ours; ca: the first to expire in the CA bundle).
+CERTIFICATE_LABELS = (*LABELS, "side", "certificate")
+CERTIFICATE_GAUGES = {
+    "certificate_expiry_timestamp_seconds": "notAfter of a certificate in use, unix seconds",
+    "certificate_remaining_seconds": "Seconds until a certificate in use expires (negative once expired)",
 }
 
 HISTOGRAMS = {
     "processing_time": "Seconds from receiving a message to acknowledging it on the source",
 }
 
-METRIC_NAMES = sorted(PREFIX + n for n in (*COUNTERS, *GAUGES, *HISTOGRAMS))
+METRIC_NAMES = sorted(PREFIX + n for n in (*COUNTERS, *GAUGES, *CERTIFICATE_GAUGES, *HISTOGRAMS))
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -64,6 +75,9 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self.counters = {n: Counter(PREFIX + n, h, LABELS, registry=self.registry) for n, h in COUNTERS.items()}
         self.gauges = {n: Gauge(PREFIX + n, h, LABELS, registry=self.registry) for n, h in GAUGES.items()}
+        self.certificate_gauges = {
+            n: Gauge(PREFIX + n, h, CERTIFICATE_LABELS, registry=self.registry) for n, h in CERTIFICATE_GAUGES.items()
+        }
         self.histograms = {
             n: Histogram(PREFIX + n, h, LABELS, registry=self.registry, buckets=_BUCKETS)
             for n, h in HISTOGRAMS.items()
@@ -111,4 +125,12 @@ class WorkerMetrics:
         self.leader = g["leader"]
         self.target_blocked = g["target_blocked"]
         self.stuck = g["stuck"]
+        self.ready = g["ready"]
         self.processing_time = m.histograms["processing_time"].labels(**labels)
+
+    def certificate(self, side: str, role: str, not_after: Callable[[], float]) -> None:
+        """Export a certificate's expiry, read from `not_after` at every scrape (it follows reloads)."""
+        gauges = self.metrics.certificate_gauges
+        labels = {"name": self.name, "worker": self.worker, "side": side, "certificate": role}
+        gauges["certificate_expiry_timestamp_seconds"].labels(**labels).set_function(not_after)
+        gauges["certificate_remaining_seconds"].labels(**labels).set_function(lambda: not_after() - time.time())

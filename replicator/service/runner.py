@@ -21,11 +21,14 @@ from replicator.observe.metrics import Metrics, WorkerMetrics
 from replicator.observe.monitor import MonitorServer
 from replicator.sampling.election import LeaderElection
 from replicator.service.sampling_plane import SamplingPlane
-from replicator.transport.connections import ConnectError, connect
+from replicator.transport.connections import ConnectError, connect, material_for
 from replicator.transport.streams import StreamSetupError, ensure_target_stream, find_source_stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# How often rotated TLS and credentials files are looked for between reconnects (each reconnect looks too).
+MATERIAL_CHECK_INTERVAL = 10.0
 
 
 @dataclass
@@ -40,6 +43,9 @@ class WorkerState:
     def ready(self) -> bool:
         connected = bool(self.source and self.source.is_connected and self.target and self.target.is_connected)
         return connected and (self.bound or self.standby)
+
+    def ready_value(self) -> float:
+        return 1.0 if self.ready else 0.0
 
 
 @dataclass
@@ -87,9 +93,13 @@ class Replicator:
             self.monitor = MonitorServer(self.metrics.registry, self.readiness, self.monitor_port)
             await self.monitor.start()
             log.info("monitor on port %d: /metrics /healthz /readyz", self.monitor.port)
+        watcher = asyncio.create_task(self._watch_material(), name="material-watch")
         try:
             await self._run_workers()
         finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
             for w in self.workers:
                 for nc in (w.source, w.target):
                     if nc is not None and not nc.is_closed:
@@ -99,9 +109,20 @@ class Replicator:
             if self.monitor is not None:
                 await self.monitor.stop()
 
+    async def _watch_material(self) -> None:
+        """A rotated file is reloaded (or a bad one warned about) when it changes, not only at the
+        next reconnect: logs, and the certificate gauges, tell what the next reconnect will use."""
+        sources = {s for side in ("source", "target") if (s := material_for(self.profile, side))}  # type: ignore[arg-type]
+        while sources and not self.stopper.stopping:
+            await self.stopper.sleep(MATERIAL_CHECK_INTERVAL)
+            for source in sources:
+                source.check()
+
     async def _run_workers(self) -> None:
         name = self.profile.metrics_name
         worker_metrics = [self.metrics.worker(name, w.name) for w in self.workers]
+        for w, m in zip(self.workers, worker_metrics, strict=True):
+            m.ready.set_function(w.ready_value)
         try:
             for w, m in zip(self.workers, worker_metrics, strict=True):
                 w.source = await connect(self.profile, "source", w.name, m, stopping=lambda: self.stopper.stopping)

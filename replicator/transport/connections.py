@@ -1,13 +1,16 @@
-"""NATS connections per side: URL lists, credentials, TLS (manual or Puppet layout), reconnect forever."""
+"""NATS connections per side: URL lists, credentials, TLS (manual or Puppet layout), reconnect forever,
+material reloaded from its files at every reconnect."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import ssl
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
@@ -15,8 +18,9 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
-from replicator.config.model import Profile, TLSConfig, redact_url
+from replicator.config.model import Profile, redact_url
 from replicator.observe.metrics import WorkerMetrics
+from replicator.transport.material import Material, MaterialError, MaterialFiles, MaterialSource, source_for
 
 log = logging.getLogger(__name__)
 
@@ -27,21 +31,35 @@ class ConnectError(Exception):
     """A connection that cannot succeed as configured (bad TLS material, refused credentials)."""
 
 
-def tls_context(tls: TLSConfig) -> ssl.SSLContext:
+def material_files(profile: Profile, side: Side) -> MaterialFiles:
+    """The files one side reads: its TLS settings (if any) and its credentials file."""
+    tls = profile.tls_for(side)
+    files = MaterialFiles(creds=profile.credentials_for(side))
+    if tls is None:
+        return files
     ca, cert, key = tls.files()
+    return replace(files, tls=True, ca=ca, cert=cert, key=key, insecure=tls.insecure)
+
+
+def material_for(profile: Profile, side: Side) -> MaterialSource | None:
+    """The process-wide source of one side's material (None: nothing to read)."""
+    files = material_files(profile, side)
+    return source_for(files) if files else None
+
+
+def load_material(source: MaterialSource, side: Side) -> Material:
+    """The material, or a `ConnectError` naming the side and the file when it never parsed."""
     try:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
-        if cert and key:
-            ctx.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as err:
-        raise ConnectError(f"TLS files unusable ({ca or '-'}, {cert or '-'}, {key or '-'}): {err}") from None
-    if tls.insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
+        return source.load()
+    except MaterialError as err:
+        what = "credentials file" if any(err.where == p for p in (source.files.creds, source.files.jwt,
+                                                                  source.files.seed)) else "TLS files"
+        raise ConnectError(f"{side} {what} unusable: {err}") from None
 
 
 def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
+    """nats-py's connect options. TLS and credentials come from the side's `MaterialSource`: a
+    `Client` from `new_client` asks it again at every (re)connect, so rotated files are used."""
     settings = profile.settings
     urls = (settings.source_url if side == "source" else settings.target_url).split(",")
     opts: dict[str, Any] = {
@@ -59,17 +77,35 @@ def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
     }
     opts["servers"], auth = split_userinfo(urls)
     opts.update(auth)
-    creds = profile.credentials_for(side)
-    if creds:
-        opts["user_credentials"] = creds
-    tls = profile.tls_for(side)
-    if tls:
-        try:
-            opts["tls"] = tls_context(tls)
-        except ConnectError as err:
-            raise ConnectError(f"{side} {err}") from None
-        opts["servers"] = [u.replace("nats://", "tls://", 1) for u in opts["servers"]]
+    source = material_for(profile, side)
+    if source is not None:
+        material = load_material(source, side)
+        if material.user is not None:
+            opts["signature_cb"] = source.sign
+            if material.user.jwt is not None:
+                opts["user_jwt_cb"] = source.user_jwt
+        if material.ssl_context is not None:
+            opts["tls"] = material.ssl_context
+            opts["servers"] = [u.replace("nats://", "tls://", 1) for u in opts["servers"]]
     return opts
+
+
+def new_client(profile: Profile, side: Side) -> Client:
+    """A client that takes TLS and credentials from the side's files at every (re)connect."""
+    nc = _Client()
+    nc.material = material_for(profile, side)
+    nc.require_tls = profile.tls_for(side) is not None
+    return nc
+
+
+async def connect_once(profile: Profile, side: Side, name: str, **overrides: Any) -> Client:
+    """A short-lived connection (command-line tools): the profile's URLs and material, with
+    `overrides` (e.g. no reconnects) applied."""
+    opts = connect_options(profile, side, name)
+    opts.update(overrides)
+    nc = new_client(profile, side)
+    await nc.connect(**opts)
+    return nc
 
 
 def split_userinfo(urls: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -96,13 +132,27 @@ def split_userinfo(urls: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 class _Client(Client):
-    """nats-py's client, refusing to send CONNECT (and so credentials) in plaintext when TLS is configured.
+    """nats-py's client with three changes, each for a connection that must live for months:
 
-    nats-py upgrades to TLS only when the server's INFO asks for it: a server without TLS, or a man
-    in the middle posing as one, would otherwise get the user, password or token in the clear.
+    - TLS and credentials come from a `MaterialSource` at every TLS handshake and CONNECT, so the
+      next (re)connect after a rotation presents the new certificate, CA bundle or credentials;
+    - CONNECT (and so credentials) is never sent in plaintext when TLS is configured: nats-py
+      upgrades to TLS only when the server's INFO asks for it, so a server without TLS, or a man in
+      the middle posing as one, would otherwise get the user, password or token in the clear;
+    - a server that ends a live connection because its credentials were revoked or expired (after a
+      rotation) causes a reconnect with the current material, as the Go client does; nats-py would
+      close the connection for good.
     """
 
     require_tls = False
+    material: MaterialSource | None = None
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        material = self.material.current() if self.material is not None else None
+        if material is not None and material.ssl_context is not None:
+            return material.ssl_context
+        return super().ssl_context
 
     def _connect_command(self) -> bytes:
         server = self._current_server
@@ -110,7 +160,23 @@ class _Client(Client):
         if self.require_tls and plain and not self.options.get("tls_handshake_first"):
             if not (self._server_info or {}).get("tls_required"):
                 raise nats.errors.Error(f"nats: {PLAINTEXT_REFUSED}")
+        material = self.material.current() if self.material is not None else None
+        if material is not None and material.user is not None:
+            user = material.user  # one generation for both: the JWT and the key that signs the nonce
+            self._auth_configured = True
+            self._signature_cb = user.sign
+            self._user_jwt_cb = user.user_jwt if user.jwt is not None else None
+            self._public_nkey = None if user.jwt is not None else user.public_key
         return super()._connect_command()
+
+    async def _process_err(self, err_msg: str) -> None:
+        text = err_msg.strip().strip("'")
+        if self.is_connected and self.options.get("allow_reconnect") and any(
+                hint in text.lower() for hint in _CREDENTIAL_HINTS):
+            await self._error_cb(nats.errors.Error(f"nats: {text} (reconnecting with the current credentials)"))
+            await self._process_op_err(nats.errors.Error(f"nats: {text}"))
+            return
+        await super()._process_err(err_msg)
 
 
 PLAINTEXT_REFUSED = "TLS is configured but the server does not offer TLS (refusing to connect in plaintext)"
@@ -169,6 +235,11 @@ async def connect(
     """
     attempt = _FirstConnect(profile, side, name, metrics, on_change)
     attempt.stopping = stopping
+    source = material_for(profile, side)
+    if metrics is not None and source is not None:
+        for role in ("client", "ca"):
+            if load_material(source, side).not_after(role) is not None:
+                metrics.certificate(side, role, functools.partial(source.not_after, role))
     delay = 0.5
     while True:
         nc = await attempt.run(stopping)
@@ -187,7 +258,7 @@ class _FirstConnect:
                  on_change: Callable[[], None] | None) -> None:
         self.opts = connect_options(profile, side, name)
         self.where = ", ".join(redact_url(u) for u in self.opts["servers"])
-        self.require_tls = profile.tls_for(side) is not None
+        self.profile = profile
         self.side, self.name, self.metrics, self.on_change = side, name, metrics, on_change
         self.stopping: Callable[[], bool] = lambda: False
         self.connected = False
@@ -196,8 +267,7 @@ class _FirstConnect:
 
     async def run(self, stopping: Callable[[], bool]) -> Client | None:
         """The connected client; None if nats-py gave up by itself (retry); ConnectError if hopeless."""
-        nc = _Client()
-        nc.require_tls = self.require_tls
+        nc = new_client(self.profile, self.side)
         self.permanent = 0
         self.fatal = fatal = asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(nc.connect(

@@ -66,7 +66,7 @@ class CertificateAuthority:
     key: PrivateKey
 
     @classmethod
-    def create(cls, name: str = "sr-test-ca") -> CertificateAuthority:
+    def create(cls, name: str = "sr-test-ca", days: int = 30) -> CertificateAuthority:
         key = _key()
         now = dt.datetime.now(dt.UTC)
         cert = (
@@ -76,7 +76,7 @@ class CertificateAuthority:
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(days=1))
-            .not_valid_after(now + dt.timedelta(days=30))
+            .not_valid_after(now + dt.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
                 x509.KeyUsage(
@@ -96,6 +96,10 @@ class CertificateAuthority:
         path.write_bytes(cert_pem(self.cert))
         return path
 
+    @property
+    def pem(self) -> bytes:
+        return cert_pem(self.cert)
+
     def issue(
         self,
         common_name: str,
@@ -105,6 +109,7 @@ class CertificateAuthority:
         expired: bool = False,
         ips: tuple[str, ...] = ("127.0.0.1",),
         dns: tuple[str, ...] = ("localhost",),
+        days: int = 7,
     ) -> Issued:
         """A leaf certificate; `expired` makes one that ended yesterday (valid signature, wrong dates)."""
         import ipaddress
@@ -114,7 +119,7 @@ class CertificateAuthority:
         if expired:
             start, end = now - dt.timedelta(days=10), now - dt.timedelta(days=1)
         else:
-            start, end = now - dt.timedelta(hours=1), now + dt.timedelta(days=7)
+            start, end = now - dt.timedelta(hours=1), now + dt.timedelta(days=days)
         usages = []
         if server:
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
@@ -142,6 +147,19 @@ class CertificateAuthority:
         return Issued(builder.sign(self.key, hashes.SHA256()), key)
 
 
+def bundle(*cas: CertificateAuthority) -> bytes:
+    """A CA bundle: several CAs in one PEM file (the overlap of a CA rotation)."""
+    return b"".join(ca.pem for ca in cas)
+
+
+def spki_sha256(cert: x509.Certificate) -> str:
+    """What nats-server's `pinned_certs` lists: SHA-256 of the DER SubjectPublicKeyInfo, in hex."""
+    import hashlib
+
+    der = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
+
+
 @dataclass
 class TlsFiles:
     """Paths of one party's material: what a `tls {}` block or a `manual` TLS config names."""
@@ -151,8 +169,12 @@ class TlsFiles:
     key: Path
 
 
-def server_tls_block(files: TlsFiles, *, verify: bool = True, timeout: float = 2.0) -> str:
-    """The nats-server `tls {}` block for `LocalNatsServer(extra_config=...)`."""
+def server_tls_block(files: TlsFiles, *, verify: bool = True, timeout: float = 2.0,
+                     pinned: tuple[str, ...] = ()) -> str:
+    """The nats-server `tls {}` block for `LocalNatsServer(extra_config=...)`; `pinned` lists the
+    only client certificates accepted (`spki_sha256`), and a reload disconnects any other."""
+    quoted = ", ".join(f'"{p}"' for p in pinned)
+    pins = f"  pinned_certs: [{quoted}]\n" if pinned else ""
     return (
         "tls {\n"
         f'  cert_file: "{files.cert}"\n'
@@ -160,6 +182,7 @@ def server_tls_block(files: TlsFiles, *, verify: bool = True, timeout: float = 2
         f'  ca_file: "{files.ca}"\n'
         f"  verify: {'true' if verify else 'false'}\n"
         f"  timeout: {timeout}\n"
+        f"{pins}"
         "}\n"
     )
 
