@@ -20,7 +20,9 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from replicator.transport.connections import connect_files
 from replicator.transport.jetstream import direct_subscribe
+from replicator.transport.material import MaterialFiles
 
 # Pull-request statuses that end a `no_wait` request early: nothing more is stored after our position.
 _END_OF_DATA = frozenset({"404", "408"})
@@ -55,11 +57,15 @@ class Columns:
 
 
 async def connect(url: str, credentials: str | None = None, name: str = "fleet-health") -> Client:
-    """A connection that fails fast: a batch job should error out, not wait for a dead server."""
-    return await nats.connect(
-        servers=[u.strip() for u in url.split(",") if u.strip()],
+    """A connection that fails fast: a batch job should error out, not wait for a dead server.
+
+    The credentials file is read as the replicator reads it (`transport/material.py`): a file
+    rotated during a run is used from the next (re)connect on, a half-written one is not."""
+    return await connect_files(
+        [u.strip() for u in url.split(",") if u.strip()],
+        MaterialFiles(creds=credentials),
+        "fleet-health",
         name=name,
-        user_credentials=credentials,
         connect_timeout=5,
         max_reconnect_attempts=3,
         allow_reconnect=True,

@@ -47,7 +47,7 @@ def material_for(profile: Profile, side: Side) -> MaterialSource | None:
     return source_for(files) if files else None
 
 
-def load_material(source: MaterialSource, side: Side) -> Material:
+def load_material(source: MaterialSource, side: str) -> Material:
     """The material, or a `ConnectError` naming the side and the file when it never parsed."""
     try:
         return source.load()
@@ -79,22 +79,44 @@ def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
     opts.update(auth)
     source = material_for(profile, side)
     if source is not None:
-        material = load_material(source, side)
-        if material.user is not None:
-            opts["signature_cb"] = source.sign
-            if material.user.jwt is not None:
-                opts["user_jwt_cb"] = source.user_jwt
-        if material.ssl_context is not None:
-            opts["tls"] = material.ssl_context
+        opts.update(material_options(source, side))
+        if "tls" in opts:
             opts["servers"] = [u.replace("nats://", "tls://", 1) for u in opts["servers"]]
+    return opts
+
+
+def material_options(source: MaterialSource, side: str) -> dict[str, Any]:
+    """The TLS context and credential callbacks as of now (the client asks again at each reconnect)."""
+    material = load_material(source, side)
+    opts: dict[str, Any] = {}
+    if material.user is not None:
+        opts["signature_cb"] = source.sign
+        if material.user.jwt is not None:
+            opts["user_jwt_cb"] = source.user_jwt
+    if material.ssl_context is not None:
+        opts["tls"] = material.ssl_context
     return opts
 
 
 def new_client(profile: Profile, side: Side) -> Client:
     """A client that takes TLS and credentials from the side's files at every (re)connect."""
+    return client_for(material_for(profile, side), require_tls=profile.tls_for(side) is not None)
+
+
+def client_for(source: MaterialSource | None, *, require_tls: bool = False) -> Client:
     nc = _Client()
-    nc.material = material_for(profile, side)
-    nc.require_tls = profile.tls_for(side) is not None
+    nc.material = source
+    nc.require_tls = require_tls
+    return nc
+
+
+async def connect_files(servers: list[str], files: MaterialFiles, what: str, **options: Any) -> Client:
+    """A connection outside a profile (the fleet-health job) with the same reloading material;
+    `what` names it in errors."""
+    source = source_for(files) if files else None
+    opts = {"servers": servers, **options, **(material_options(source, what) if source else {})}
+    nc = client_for(source, require_tls=files.tls)
+    await nc.connect(**opts)
     return nc
 
 
