@@ -19,6 +19,8 @@ from replication_operator.nats_status import NatsStatusError
 from replication_operator.reconciler import Reconciler
 from replication_operator.spec import SpecError
 
+from replicator.observe.monitor import MonitorServer
+
 RETRY_DELAY = 10.0
 # Deleting a native-engine resource removes its source entry; when NATS cannot be reached for this
 # long, the resource goes anyway (a Warning event says the entry is left behind).
@@ -29,12 +31,16 @@ Login = Callable[..., Any]  # kopf's login handler signature: returns a kopf.Con
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
-             login: Login = kopf.login_via_client) -> None:
+             login: Login = kopf.login_via_client, *, metrics_port: int | None = None,
+             metrics_host: str = "0.0.0.0") -> None:
     """`login`: how to reach the API server; kopf's own connection and the operator's client
     (`reconciler.api`, the official client) both use what it returns. The default reads the
-    in-cluster service account, else the kubeconfig, through the official client's loaders."""
+    in-cluster service account, else the kubeconfig, through the official client's loaders.
+    `metrics_port`: serve the operator's `/metrics` there (0: any free port; None: not at all)."""
     config = reconciler.config
     resource = (naming.GROUP, naming.VERSION, naming.PLURAL)
+    if metrics_port is not None:
+        register_metrics(registry, reconciler, metrics_port, metrics_host)
 
     async def call_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         info = login(**kwargs)
@@ -145,3 +151,24 @@ def register_child_watch(registry: kopf.OperatorRegistry, reconciler: Reconciler
                    labels={naming.LABEL_MANAGED_BY: naming.MANAGER}, registry=registry)
     async def on_child(type: str, body: kopf.Body, **_: Any) -> None:
         await reconciler.on_child_event(type or "", body)
+
+
+def register_metrics(registry: kopf.OperatorRegistry, reconciler: Reconciler, port: int, host: str) -> None:
+    """`/metrics` (and `/healthz`, `/readyz`) for the operator's life, on the replicator's monitor server."""
+    server = MonitorServer(reconciler.metrics.registry, lambda: (True, {}), port, host)
+    reconciler.metrics_server = server
+
+    @kopf.on.startup(id="metrics-start", registry=registry)
+    async def start_metrics(**_: Any) -> None:
+        """A port in use must not hold up reconciling (kopf would retry this for ever): say so, go on."""
+        log = logging.getLogger("replication_operator")
+        try:
+            await server.start()
+        except OSError as err:
+            log.error("cannot serve /metrics on port %d: %s (continuing without metrics)", port, err.strerror or err)
+            return
+        log.info("metrics on port %d: /metrics", server.port)
+
+    @kopf.on.cleanup(id="metrics-stop", registry=registry)
+    async def stop_metrics(**_: Any) -> None:
+        await server.stop()

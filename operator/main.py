@@ -21,6 +21,7 @@ from replication_operator.reconciler import POLICY_ENV, OperatorConfig, Reconcil
 
 DEFAULT_PEERING = "stream-replicator"
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+DEFAULT_METRICS_PORT = 8081
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kubernetes operator for StreamReplication resources (streamreplicator.io/v1alpha1).",
         epilog="Environment: STREAM_REPLICATOR_WORKER_IMAGE, STREAM_REPLICATOR_SPARK_IMAGE, "
         "STREAM_REPLICATOR_STATUS_INTERVAL (s, default 30), STREAM_REPLICATOR_RESYNC_INTERVAL "
-        "(s, default 300), STREAM_REPLICATOR_NATS_TIMEOUT (s, default 5).",
+        "(s, default 300), STREAM_REPLICATOR_NATS_TIMEOUT (s, default 5), "
+        "STREAM_REPLICATOR_CERTIFICATE_WARNING (duration, default 14d).",
     )
     scope = parser.add_mutually_exclusive_group(required=True)
     scope.add_argument("-n", "--namespace", dest="namespaces", action="append", metavar="NAMESPACE",
@@ -44,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "that replicas differ; equal priorities would pause them all)")
     parser.add_argument("--liveness", default=DEFAULT_LIVENESS, metavar="URL",
                         help=f"liveness endpoint (default {DEFAULT_LIVENESS}); empty to disable")
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT, metavar="PORT",
+                        help=f"serve Prometheus /metrics on this port (default {DEFAULT_METRICS_PORT}); 0 to disable")
     parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--roles-only", action="store_true",
@@ -113,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry = kopf.get_default_registry()  # the "smart" registry: in-cluster and kubeconfig logins
     reconciler = Reconciler(operator_config(args))
     logging.getLogger("replication_operator").info("tenancy policy: %s", reconciler.policy.summary())
-    handlers.register(registry, reconciler)
+    handlers.register(registry, reconciler, metrics_port=args.metrics_port or None)
     priority = args.priority if args.priority is not None else random.SystemRandom().randint(1, 10**9)
     kopf.run(
         registry=registry,

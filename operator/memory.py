@@ -22,6 +22,10 @@ class Memory:
     last_full: float = 0.0
     nats_errors: dict[str, str] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Certificates in the mounted TLS Secrets, and the CertificatesExpiring message last posted.
+    certificates: list[st.MountedCertificate] = field(default_factory=list)
+    certificate_warning: str | None = None
+    identity: tuple[str, str] | None = None  # (namespace, name), once a status was written (metrics)
     # The engine: the choice (and the spec generation it was made for), the native engine's view.
     choice: Choice | None = None
     choice_generation: int | None = None

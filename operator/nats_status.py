@@ -1,8 +1,11 @@
 """Lag, last activity and fleet totals, read from NATS with the resource's own credentials.
 
 The operator has no NATS identity of its own: it connects as the workers do, with the Secrets the
-spec names, so it can only see what the replication itself may see. Secret material stays in
-memory (credentials) or in a private temporary directory removed right after loading (client key).
+spec names, so it can only see what the replication itself may see. The Secrets are read again for
+every connection (so a rotated Secret is used at once) and parsed by the replicator's own rules
+(`replicator/transport/material.py`): a damaged certificate or a key that does not match it is
+named by Secret and key, never shown. Secret material stays in memory, or for the client key in a
+private temporary directory removed right after loading.
 """
 
 from __future__ import annotations
@@ -10,20 +13,19 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
 import ssl
-import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats
-from nats.aio.client import Client, RawCredentials
+from nats.aio.client import Client
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from replication_operator.spec import TLS_CA, TLS_CERT, TLS_KEY, Endpoint, ReplicationSpec
 
 from replicator.config import redact_url
+from replicator.transport.material import Material, MaterialError, MaterialFiles, build
 
 SUMMARY_KEY = "summary"
 
@@ -32,42 +34,49 @@ class NatsStatusError(Exception):
     """Why lag or fleet could not be read; safe to show (no secrets, URLs redacted)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Auth:
-    """Credentials and TLS material for one side, as read from its Secrets."""
+    """Credentials and TLS material for one side, as read from its Secrets; `names` says where
+    each piece came from (for messages)."""
 
     credentials: bytes | None = None
     ca: bytes | None = None
     cert: bytes | None = None
     key: bytes | None = None
+    names: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def tls(self) -> bool:
         return bool(self.ca or self.cert)
 
+    def material(self) -> Material:
+        data = {role: value for role, value in (("ca", self.ca), ("cert", self.cert), ("key", self.key),
+                                                ("creds", self.credentials)) if value is not None}
+        def name(role: str) -> str | None:
+            return self.names.get(role, role) if role in data else None
+
+        files = MaterialFiles(tls=self.tls, ca=name("ca"), cert=name("cert"), key=name("key"), creds=name("creds"))
+        try:
+            return build(files, data)
+        except MaterialError as err:
+            raise NatsStatusError(f"{err.where} cannot be used: {err.reason}") from None
+
 
 def auth_from_secrets(endpoint: Endpoint, secrets: Mapping[str, Mapping[str, bytes]]) -> Auth:
     """`secrets` maps a Secret name to its data."""
     creds = None
+    names: dict[str, str] = {}
     if endpoint.credentials:
         creds = secrets.get(endpoint.credentials.name, {}).get(endpoint.credentials.key)
+        names["creds"] = f'secret "{endpoint.credentials.name}" key "{endpoint.credentials.key}"'
     tls: Mapping[str, bytes] = secrets.get(endpoint.tls_secret, {}) if endpoint.tls_secret else {}
-    return Auth(credentials=creds, ca=tls.get(TLS_CA), cert=tls.get(TLS_CERT), key=tls.get(TLS_KEY))
+    for role, key in (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)):
+        names[role] = f'secret "{endpoint.tls_secret}" key "{key}"'
+    return Auth(credentials=creds, ca=tls.get(TLS_CA), cert=tls.get(TLS_CERT), key=tls.get(TLS_KEY), names=names)
 
 
 def ssl_context(auth: Auth) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cadata=auth.ca.decode() if auth.ca else None)
-    if auth.cert and auth.key:
-        # load_cert_chain only reads files: a 0700 directory that lives for one call.
-        with tempfile.TemporaryDirectory(prefix="sr-op-") as tmp:
-            os.chmod(tmp, 0o700)
-            cert, key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
-            for path, data in ((cert, auth.cert), (key, auth.key)):
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-            ctx.load_cert_chain(cert, key)
-    return ctx
+    return auth.material().ssl_context or ssl.create_default_context()
 
 
 async def connect(url: str, auth: Auth, time_limit: float) -> Client:
@@ -81,10 +90,12 @@ async def connect(url: str, auth: Auth, time_limit: float) -> Client:
         "max_reconnect_attempts": 1,
         "reconnect_time_wait": 0.1,
     }
-    if auth.credentials:
-        options["user_credentials"] = RawCredentials(auth.credentials.decode())
+    material = auth.material()
+    if material.user is not None:  # signs the nonce of each CONNECT with the seed from the Secret
+        options["signature_cb"] = material.user.sign
+        options["user_jwt_cb"] = material.user.user_jwt
     if auth.tls or any(s.startswith(("tls://", "wss://")) for s in servers):
-        options["tls"] = ssl_context(auth)
+        options["tls"] = material.ssl_context or ssl.create_default_context()
 
     async def _no_callback(*_: object) -> None:
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import functools
 import logging
 import os
 import time
@@ -28,11 +29,17 @@ from replication_operator.builders import (
     contains,
     controlled_by,
 )
+from replication_operator.certificates import mounted_certificates
 from replication_operator.kube import APIError, APINotFoundError, KubeApi, error_text
 from replication_operator.memory import Memory
+from replication_operator.metrics import OperatorMetrics
 from replication_operator.native_engine import NativeEngine
 from replication_operator.native_nats import NativeError
+from replication_operator.spark_application import schedule_interval
 from replication_operator.spec import ReplicationSpec, SpecError, parse_spec
+
+from replicator.config.durations import parse_duration
+from replicator.observe.monitor import MonitorServer
 
 log = logging.getLogger("replication_operator")
 
@@ -74,6 +81,7 @@ class OperatorConfig:
     allowed_spark_conf: tuple[str, ...] = policy.DEFAULT_SPARK_CONF
     # No cluster-scoped API calls (kopf neither lists namespaces nor watches CRDs): RBAC by Roles only.
     roles_only: bool = False
+    certificate_warning: float = 14 * 86400.0  # warn when a mounted certificate expires sooner
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -86,6 +94,7 @@ class OperatorConfig:
             status_interval=float(env.get("STREAM_REPLICATOR_STATUS_INTERVAL") or 30),
             resync_interval=float(env.get("STREAM_REPLICATOR_RESYNC_INTERVAL") or 300),
             nats_timeout=float(env.get("STREAM_REPLICATOR_NATS_TIMEOUT") or 5),
+            certificate_warning=parse_duration(env.get("STREAM_REPLICATOR_CERTIFICATE_WARNING") or "14d"),
             **settings,  # type: ignore[arg-type]
         )
 
@@ -125,11 +134,13 @@ def _hash_of(obj: Mapping[str, Any] | None) -> str | None:
 
 class Reconciler:
     def __init__(self, config: OperatorConfig | None = None, api: KubeApi | None = None,
-                 clock: Callable[[], dt.datetime] | None = None) -> None:
+                 clock: Callable[[], dt.datetime] | None = None, metrics: OperatorMetrics | None = None) -> None:
         self.config = config or OperatorConfig()
         self.policy = self.config.make_policy()
         self.api = api or KubeApi()
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self.metrics = metrics or OperatorMetrics()
+        self.metrics_server: MonitorServer | None = None  # set when `/metrics` is served
         self.memory: dict[str, Memory] = {}
         self.desired: dict[ChildKey, dict[str, Any]] = {}
         self.native = NativeEngine(self)
@@ -141,8 +152,10 @@ class Reconciler:
         return self.memory[uid]
 
     def forget(self, uid: str) -> None:
-        """The resource is gone: drop its memory and its children's desired state."""
-        self.memory.pop(uid, None)
+        """The resource is gone: drop its memory, its metrics and its children's desired state."""
+        memory = self.memory.pop(uid, None)
+        if memory is not None and memory.identity is not None:
+            self.metrics.forget(*memory.identity)
         self.forget_children(uid)
 
     def forget_children(self, uid: str) -> None:
@@ -184,7 +197,7 @@ class Reconciler:
         if spec is not None:
             # The policy first: a refused resource builds and changes nothing, its children stay.
             problems.extend(st.Problem(v.reason, v.message) for v in policy.check(spec, self.policy))
-            secret_problems, tls_keys = await self._check_secrets(spec)
+            secret_problems, tls_keys, memory.certificates = await self._check_secrets(spec)
             problems.extend(secret_problems)
             if not problems:
                 choice = await self.native.choose(body, spec, memory)
@@ -232,15 +245,18 @@ class Reconciler:
 
     async def _check_secrets(
         self, spec: ReplicationSpec
-    ) -> tuple[list[st.Problem], dict[str, frozenset[str]]]:
+    ) -> tuple[list[st.Problem], dict[str, frozenset[str]], list[st.MountedCertificate]]:
         """Every referenced Secret exists, may be used (policy) and has its keys; returns the TLS
-        Secrets' keys for the config. Only key names are kept, never values."""
+        Secrets' keys for the config and the certificates they hold (for `CertificatesExpiring`).
+        Only key names and certificates (public) are kept, never other values."""
         problems: list[st.Problem] = []
         keys: dict[str, frozenset[str]] = {}
         labels: dict[str, dict[str, Any]] = {}
+        held: dict[str, list[st.MountedCertificate]] = {}  # TLS Secret name -> its certificates
         missing: dict[str, str] = {}  # Secret name -> why it is unusable
         ns = spec.namespace
         needs = builders.secret_needs(spec)
+        tls = {need.secret for need in needs if need.key is None}
         for name in dict.fromkeys(need.secret for need in needs):
             try:
                 secret = await self.api.get(naming.SECRET, ns, name)
@@ -249,11 +265,14 @@ class Reconciler:
                 else:
                     labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
                     keys[name] = frozenset((secret.get("data") or {}).keys())
+                    if name in tls:
+                        held[name] = mounted_certificates(name, _decoded(secret))
             except (APIError, TimeoutError) as err:
                 missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
         problems.extend(
             st.Problem(v.reason, v.message) for v in policy.secret_violations(self.policy, ns, labels))
         refused = {name for name in labels if not policy.secret_usable(self.policy, ns, labels[name])}
+        certificates = [c for name, found in held.items() if name not in refused for c in found]
         for need in needs:
             if need.secret in refused:
                 continue  # nothing more is said about a Secret the resource may not use
@@ -271,7 +290,7 @@ class Reconciler:
                     problems.append(st.Problem(
                         st.SECRET_KEY_MISSING,
                         f'TLS secret "{need.secret}" lacks {lack} in namespace "{ns}"'))
-        return problems, keys
+        return problems, keys, certificates
 
     async def _apply(
         self, body: Mapping[str, Any], children: Children, cause: str
@@ -377,6 +396,12 @@ class Reconciler:
         meta = body["metadata"]
         old = memory.status or dict(body.get("status") or {})
         extra = [engine.condition(memory.choice, memory.choice_generation)] if memory.choice else []
+        now = self.clock()
+        certificates = None  # the native engine mounts nothing
+        if memory.native_view is None:
+            certificates = st.certificate_condition(
+                memory.certificates, now, dt.timedelta(seconds=self.config.certificate_warning),
+                memory.observed_generation)
         new = st.build_status(
             name=meta["name"],
             generation=memory.observed_generation,
@@ -384,13 +409,27 @@ class Reconciler:
             deployment=deployment,
             desired_replicas=desired_replicas,
             old_status=old,
-            now=self.clock(),
+            now=now,
             native=memory.native_view,
             extra_conditions=extra,
+            certificates=certificates,
         )
         if memory.native_view is not None:
             new.update(memory.native_fields)
+        self._post_certificates(body, memory, certificates)
         await self._patch_status(body, memory, old, new)
+
+    def _post_certificates(self, body: Mapping[str, Any], memory: Memory,
+                           condition: Mapping[str, Any] | None) -> None:
+        """A Warning event when a certificate warning appears or changes; Normal when it clears."""
+        warning = condition["message"] if condition and condition["status"] == "True" else None
+        if warning == memory.certificate_warning:
+            return
+        if warning is not None and condition is not None:
+            self._event(body, "Warning", condition["reason"], warning)
+        elif memory.certificate_warning is not None:
+            self._event(body, "Normal", st.CERTIFICATES_VALID, "mounted certificates are valid again")
+        memory.certificate_warning = warning
 
     async def _persist(self, body: Mapping[str, Any], memory: Memory, fields: Mapping[str, Any]) -> None:
         """Write these status fields now (an engine switch's step); None removes a field. Raises
@@ -406,6 +445,7 @@ class Reconciler:
                             old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         patch = st.status_patch(old, new)
         memory.status = {**old, **new}
+        self._export(body, memory)
         if not patch:
             return
         meta = body["metadata"]
@@ -416,6 +456,14 @@ class Reconciler:
         except (APIError, TimeoutError) as err:
             memory.status = dict(old)  # not written: try again next time
             log.warning("%s/%s: cannot write status: %s", meta["namespace"], meta["name"], error_text(err))
+
+    def _export(self, body: Mapping[str, Any], memory: Memory) -> None:
+        meta = body["metadata"]
+        memory.identity = (meta["namespace"], meta["name"])
+        fleet = (body.get("spec") or {}).get("fleetHealth")
+        interval = _interval(str(fleet.get("schedule") or "")) if isinstance(fleet, Mapping) else None
+        self.metrics.update(meta["namespace"], meta["name"], desired=parse_spec_replicas(body), status=memory.status,
+                            created=meta.get("creationTimestamp"), fleet_interval=interval)
 
     # ---- triggers besides the resource's own handlers ----
     async def _owner(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -555,6 +603,15 @@ class Reconciler:
         if memory.nats_errors.pop(what, None) is not None:
             self._event(body, "Normal", "LagAvailable" if what == "lag" else "FleetAvailable",
                         f"reading {what} again")
+
+
+@functools.lru_cache(maxsize=256)
+def _interval(schedule: str) -> float | None:
+    return schedule_interval(schedule or None)
+
+
+def _decoded(secret: Mapping[str, Any]) -> dict[str, bytes]:
+    return {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
 
 
 def parse_spec_replicas(body: Mapping[str, Any]) -> int:

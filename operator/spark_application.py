@@ -9,11 +9,16 @@ each executor reads its share of the stream itself. Owner references are the cal
 from __future__ import annotations
 
 import copy
+import datetime as dt
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
+from croniter import croniter
 from replication_operator import images
 from replication_operator.spec import SpecError
+
+from replicator.config.durations import parse_duration
 
 API_VERSION = "sparkoperator.k8s.io/v1beta2"
 KIND = "ScheduledSparkApplication"
@@ -189,3 +194,20 @@ def build_scheduled_spark_application(resource: Mapping[str, Any]) -> dict[str, 
         },
         "spec": app_spec,
     }
+
+
+def schedule_interval(schedule: str | None, now: dt.datetime | None = None, *, runs: int = 64) -> float | None:
+    """The longest gap (seconds) between two scheduled runs, over the next `runs` runs: what "the
+    job has not run for two intervals" means for an irregular cron (e.g. weekdays only). None when
+    the schedule cannot be read (the Spark operator will say so on its object)."""
+    text = (schedule or DEFAULT_SCHEDULE).strip()
+    if text.startswith("@every "):
+        try:
+            return parse_duration(text.removeprefix("@every ").strip())
+        except ValueError:
+            return None
+    if not croniter.is_valid(text):
+        return None
+    times = croniter(text, now or dt.datetime.now(dt.UTC))
+    fires = [times.get_next(float) for _ in range(runs)]
+    return max(b - a for a, b in itertools.pairwise(fires))

@@ -17,6 +17,7 @@ from replication_operator import naming
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+CERTIFICATES_EXPIRING = "CertificatesExpiring"  # only when the resource mounts TLS Secrets
 
 # Reasons (CamelCase) and what they mean; docs/operator.md (Status) lists them for users.
 SECRET_MISSING = "SecretMissing"  # a referenced Secret does not exist
@@ -41,6 +42,10 @@ SOURCING = "Sourcing"  # Ready: NATS copies through our entry and reports no err
 SOURCE_CONFIGURED = "SourceConfigured"  # Progressing: the entry is as the spec says
 SOURCE_ERROR = "SourceError"  # NATS reports an error for our entry (Ready False, Degraded)
 STOPPING_REPLICATOR = "StoppingReplicator"  # switching to native: waiting for the pods to be gone
+CERTIFICATE_EXPIRING = "CertificateExpiring"  # a mounted certificate expires within the warning window
+CERTIFICATE_EXPIRED = "CertificateExpired"
+CERTIFICATE_UNREADABLE = "CertificateUnreadable"  # a TLS Secret's ca.crt or tls.crt is not a PEM certificate
+CERTIFICATES_VALID = "CertificatesValid"
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,53 @@ def conditions_for_native(
     return [_cond(READY, True, SOURCING, f"NATS copies: {entry}", generation), progressing, healthy]
 
 
+@dataclass(frozen=True)
+class MountedCertificate:
+    """A certificate in a TLS Secret the workers mount; `not_after` None: it cannot be parsed."""
+
+    where: str  # 'secret "x" key "tls.crt"'
+    subject: str = ""
+    not_after: dt.datetime | None = None
+
+
+def _stamp(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _span(delta: dt.timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds >= 86400:
+        return f"{seconds // 86400}d"
+    return f"{seconds // 3600}h" if seconds >= 3600 else f"{max(seconds, 0) // 60}m"
+
+
+def certificate_condition(
+    certificates: Sequence[MountedCertificate], now: dt.datetime, window: dt.timedelta, generation: int | None
+) -> dict[str, Any] | None:
+    """`CertificatesExpiring`: True (a warning) when a mounted certificate expires within `window`,
+    has expired or cannot be read; None when no TLS Secret is mounted."""
+    if not certificates:
+        return None
+    unreadable = [c.where for c in certificates if c.not_after is None]
+    if unreadable:
+        return _cond(CERTIFICATES_EXPIRING, True, CERTIFICATE_UNREADABLE,
+                     f"{', '.join(unreadable)}: not a PEM certificate", generation)
+    first = min(certificates, key=lambda c: c.not_after or now)
+    assert first.not_after is not None
+    left = first.not_after - now
+    what = f"{first.where} ({first.subject})"
+    if left.total_seconds() <= 0:
+        return _cond(CERTIFICATES_EXPIRING, True, CERTIFICATE_EXPIRED,
+                     f"{what} expired at {_stamp(first.not_after)}: renew it", generation)
+    if left <= window:
+        return _cond(CERTIFICATES_EXPIRING, True, CERTIFICATE_EXPIRING,
+                     f"{what} expires at {_stamp(first.not_after)}, in {_span(left)} (warning window "
+                     f"{_span(window)}): renew it, running pods pick it up without a restart", generation)
+    return _cond(CERTIFICATES_EXPIRING, False, CERTIFICATES_VALID,
+                 f"every mounted certificate is valid beyond the {_span(window)} warning window; the first to "
+                 f"expire is {what} at {_stamp(first.not_after)}", generation)
+
+
 def merge_conditions(
     old: Iterable[Mapping[str, Any]] | None, new: Iterable[Mapping[str, Any]], now: dt.datetime
 ) -> list[dict[str, Any]]:
@@ -227,14 +279,17 @@ def build_status(
     now: dt.datetime,
     native: Native | None = None,
     extra_conditions: Sequence[Mapping[str, Any]] = (),
+    certificates: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status fields this operator owns, apart from lag/lastActive/fleet (see `nats_status`).
     `native`: the resource runs on the native engine (no pods); `extra_conditions`: more
-    conditions (the engine choice), merged the same way."""
+    conditions (the engine choice), merged the same way; `certificates`: the
+    `certificate_condition`, if any."""
     rollout = rollout_of(deployment, desired_replicas)
     main = conditions_for_native(problems, native, generation) if native else conditions_for(
         problems, rollout, generation)
-    conditions = merge_conditions((old_status or {}).get("conditions"), [*main, *extra_conditions], now)
+    more = [*extra_conditions, *([certificates] if certificates is not None else [])]
+    conditions = merge_conditions((old_status or {}).get("conditions"), [*main, *more], now)
     status: dict[str, Any] = {
         "conditions": conditions,
         "replicas": rollout.replicas,

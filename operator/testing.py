@@ -337,6 +337,7 @@ async def embedded_operator(
     config: OperatorConfig | None = None,
     peering: str | None = None,
     login: handlers.Login | None = None,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[Reconciler]:
     """The operator's real handlers in this event loop, logged in to `server` with the bearer token
     `OPERATOR_TOKEN` (or by `login`, a kopf login function); stopped on exit.
@@ -344,7 +345,8 @@ async def embedded_operator(
     Cluster-wide unless `namespaces` are given (kopf then lists and watches namespaces: create them
     in the emulator first). Standalone unless `peering` names a peering object (ClusterKopfPeering
     when cluster-wide, KopfPeering in each namespace otherwise), which must exist: kopf keeps the
-    operator paused until it has seen it.
+    operator paused until it has seen it. `metrics_port` serves `/metrics` (0: a free port, see
+    `reconciler.metrics_server.port`).
     """
     registry = kopf.OperatorRegistry()
     reconciler = Reconciler(config or OperatorConfig())
@@ -352,7 +354,8 @@ async def embedded_operator(
     def token_login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=server, insecure=True, token=OPERATOR_TOKEN)
 
-    handlers.register(registry, reconciler, login=login or token_login)
+    handlers.register(registry, reconciler, login=login or token_login, metrics_port=metrics_port,
+                      metrics_host="127.0.0.1")
 
     foreign = _ForeignTasks(set(asyncio.all_tasks()))
     ready, stop = asyncio.Event(), asyncio.Event()

@@ -129,7 +129,7 @@ def build(files: MaterialFiles, data: Mapping[str, bytes], names: Mapping[str, s
     return Material(context, tuple(certificates), _user(data, where))
 
 
-def _certificates(data: bytes, where: str, role: CertificateRole) -> list[CertificateInfo]:
+def parse_certificates(data: bytes, where: str, role: CertificateRole) -> list[CertificateInfo]:
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
@@ -143,13 +143,13 @@ def _tls(files: MaterialFiles, data: Mapping[str, bytes],
     found: list[CertificateInfo] = []
     ca = data.get("ca")
     if ca is not None:
-        found += _certificates(ca, where["ca"], "ca")
+        found += parse_certificates(ca, where["ca"], "ca")
     cert, key = data.get("cert"), data.get("key")
     if (cert is None) != (key is None):
         missing = "key" if key is None else "cert"
         raise MaterialError(where.get("cert") or where.get("key", "?"), f"has no matching {missing}")
     if cert is not None and key is not None:
-        client = _certificates(cert, where["cert"], "client")
+        client = parse_certificates(cert, where["cert"], "client")
         try:
             private = serialization.load_pem_private_key(key, password=None)
         except (ValueError, TypeError):

@@ -84,6 +84,15 @@ def _liveness(port: int) -> dict[str, Any] | None:
         return None
 
 
+def _metrics(port: int, needle: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return text if needle in text else None
+
+
 async def test_console_script_serves_the_cluster_with_peering(tmp_path: Path) -> None:
     """Two operator processes share a peering object: the higher priority acts, the other waits."""
     async with ClusterEmulator() as cluster:
@@ -105,13 +114,14 @@ async def test_console_script_serves_the_cluster_with_peering(tmp_path: Path) ->
                 KUBECONFIG=str(_kubeconfig(tmp_path / "kubeconfig", str(cluster.url))),
                 STREAM_REPLICATOR_WORKER_IMAGE="registry.example/sr:1.2.3",
             )
-            port = free_port()
+            port, metrics_port = free_port(), free_port()
             procs = []
             logs = []
-            for priority, liveness in ((100, f"http://127.0.0.1:{port}/healthz"), (50, "")):
+            for priority, liveness, metrics in ((100, f"http://127.0.0.1:{port}/healthz", metrics_port), (50, "", 0)):
                 log = tmp_path / f"operator-{priority}.log"
                 logs.append(log)
-                argv = [SCRIPT, "--all-namespaces", "--priority", str(priority), "--liveness", liveness]
+                argv = [SCRIPT, "--all-namespaces", "--priority", str(priority), "--liveness", liveness,
+                        "--metrics-port", str(metrics)]
                 procs.append(_start(argv, env, log))
             try:
                 await wait_for(lambda: _liveness(port) is not None, within=20, interval=0.1)
@@ -138,6 +148,8 @@ async def test_console_script_serves_the_cluster_with_peering(tmp_path: Path) ->
                 image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
                 assert image == "registry.example/sr:1.2.3"
                 assert "resources" in (_liveness(port) or {})  # our probe (kopf caches its value)
+                metrics = await wait_for(lambda: _metrics(metrics_port, "telemetry-region"), within=10, interval=0.1)
+                assert 'stream_replicator_resource_replicas_desired{namespace="prod",' in metrics
                 await wait_for(lambda: "Handler 'apply-create' succeeded" in logs[0].read_text(), within=5)
                 # The operator's own client (the official one) logged in from the same kubeconfig.
                 await wait_for(lambda: ApiCall("patch", naming.GROUP, "streamreplications/status", True)
