@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from replicator.config.files import load_config
 from replicator.config.model import Config, Profile
 from replicator.copier.poison import STUCK_NOTE
-from replicator.transport.connections import connect_once
+from replicator.transport.connections import connect_once, material_for
 from replicator.transport.streams import find_source_stream
 
 
@@ -24,10 +24,24 @@ class ReportRow:
     lag: int | None = None
     last_active: dt.datetime | None = None
     error: str = ""
+    certificate: tuple[float, str] | None = None  # the first certificate to expire: (notAfter, "side role")
+
+
+def first_certificate(profile: Profile) -> tuple[float, str] | None:
+    """The first of the profile's client and CA certificates to expire, from the files as they are now."""
+    found = []
+    for side in ("source", "target"):
+        source = material_for(profile, side)  # type: ignore[arg-type]
+        material = source.current() if source is not None else None
+        for role in ("client", "ca"):
+            not_after = material.not_after(role) if material is not None else None  # type: ignore[arg-type]
+            if not_after is not None:
+                found.append((not_after, f"{side} {role}"))
+    return min(found) if found else None
 
 
 async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
-    row = ReportRow(profile.profile, consumer=profile.consumer_name)
+    row = ReportRow(profile.profile, consumer=profile.consumer_name, certificate=first_certificate(profile))
     settings = profile.settings
     try:
         nc = await connect_once(profile, "source", f"{profile.base_name}_report", allow_reconnect=False,
@@ -66,12 +80,23 @@ def _ago(when: dt.datetime | None, now: dt.datetime) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m ago"
 
 
+def _expiry(certificate: tuple[float, str] | None, now: dt.datetime) -> str:
+    if certificate is None:
+        return "-"
+    not_after, which = certificate
+    left = not_after - now.timestamp()
+    if left <= 0:
+        return f"EXPIRED ({which})"
+    days, rest = divmod(int(left), 86400)
+    return f"{days}d ({which})" if days else f"{rest // 3600}h{rest % 3600 // 60:02d}m ({which})"
+
+
 def format_report(rows: list[ReportRow], now: dt.datetime | None = None) -> str:
     now = now or dt.datetime.now(dt.UTC)
-    header = ("Topic", "Source Stream", "Target Stream", "Consumer", "Lag", "Last Active", "Error")
+    header = ("Topic", "Source Stream", "Target Stream", "Consumer", "Lag", "Last Active", "Cert Expiry", "Error")
     body = [
         (r.topic, r.source_stream, r.target_stream, r.consumer, "-" if r.lag is None else f"{r.lag:,}",
-         _ago(r.last_active, now) if r.error == "" else "-", r.error)
+         _ago(r.last_active, now) if r.error == "" else "-", _expiry(r.certificate, now), r.error)
         for r in rows
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]

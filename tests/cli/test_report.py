@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 
+from replicator.cli.report import ReportRow, first_certificate, format_report
 from tests.copier.helpers import (
     InProcess,
     make_stream,
@@ -12,6 +14,7 @@ from tests.copier.helpers import (
     wait_for_count,
     write_config,
 )
+from tests.support.certs import CertificateAuthority, write_client
 
 
 async def test_report_shows_streams_consumer_lag_and_errors(tmp_path, source_server, target_server, source_nc,
@@ -29,8 +32,26 @@ async def test_report_shows_streams_consumer_lag_and_errors(tmp_path, source_ser
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
-    assert "| Topic" in lines[1] and "Lag" in lines[1] and "Last Active" in lines[1]
+    assert "| Topic" in lines[1] and "Lag" in lines[1] and "Last Active" in lines[1] and "Cert Expiry" in lines[1]
     fleet = next(line for line in lines if line.startswith("| fleet "))
     assert "| FLEET " in fleet and "| sr " in fleet and "| 25 " in fleet and "ago" in fleet
     broken = next(line for line in lines if line.startswith("| broken "))
     assert "no source stream captures subject 'nothing.here'" in broken
+
+
+def test_report_shows_the_first_certificate_to_expire(tmp_path):
+    """Client and CA certificates of both sides, read from the files as they are now."""
+    ca = CertificateAuthority.create("report-ca", days=40)
+    client = write_client(ca, tmp_path / "tls", "sr")
+    leaf = ca.issue("sr", client=True, days=9)
+    leaf.write(client.cert, client.key)
+    config = topic_config("nats://127.0.0.1:1", "nats://127.0.0.1:2")
+    config["topics"]["fleet"]["source_tls"] = {"ca": str(client.ca), "cert": str(client.cert), "key": str(client.key)}
+    config["topics"]["fleet"]["target_tls"] = {"ca": str(client.ca)}
+    certificate = first_certificate(profile_for(config))
+    assert certificate == (leaf.cert.not_valid_after_utc.timestamp(), "source client")
+    now = dt.datetime.now(dt.UTC)
+    assert "| 8d (source client) |" in format_report([ReportRow("fleet", certificate=certificate)], now)
+    later = now + dt.timedelta(days=10)
+    assert "| EXPIRED (source client) |" in format_report([ReportRow("fleet", certificate=certificate)], later)
+    assert "| - " in format_report([ReportRow("fleet")], now)
