@@ -35,7 +35,7 @@ from replication_operator import images
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas we have.
 KUBE_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
-CUSTOM_KINDS = {"ServiceMonitor", "KopfPeering", "ClusterKopfPeering"}
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "KopfPeering", "ClusterKopfPeering"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "CustomResourceDefinition"}
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -47,6 +47,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "service-monitor": {
         "metrics": {
             "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}, "scrapeTimeout": "10s"}
+        }
+    },
+    "prometheus-rule": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}, "alertLabels": {"team": "nats"}},
         }
     },
     "service-monitor-namespaced": {
@@ -170,11 +176,22 @@ def check_custom_kind(obj: dict) -> None:
         ns = spec["namespaceSelector"]
         assert ns == {"any": True} or (set(ns) == {"matchNames"} and ns["matchNames"])
         for endpoint in spec["endpoints"]:
-            assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+            assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "honorLabels"}
             assert isinstance(endpoint["port"], str) and endpoint["path"].startswith("/")
             for key in ("interval", "scrapeTimeout"):
                 if key in endpoint:
                     assert re.fullmatch(r"([0-9]+(ms|s|m|h))+", endpoint[key])
+    elif obj["kind"] == "PrometheusRule":  # the rules themselves: tests/helm/test_alerts.py (promtool)
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        assert set(obj["spec"]) == {"groups"}
+        for group in obj["spec"]["groups"]:
+            assert set(group) == {"name", "rules"} and group["rules"]
+            for rule in group["rules"]:
+                assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}
+                assert isinstance(rule["expr"], str) and rule["labels"]["severity"] in ("warning", "critical")
+                if "for" in rule:
+                    assert re.fullmatch(r"([0-9]+(ms|s|m|h|d|w|y))+", rule["for"])
+                assert all(isinstance(v, str) for v in (*rule["labels"].values(), *rule["annotations"].values()))
     else:  # kopf peering objects: metadata only, kopf fills the status
         assert obj["apiVersion"] == "kopf.dev/v1"
         assert set(obj) == {"apiVersion", "kind", "metadata"}
@@ -247,6 +264,7 @@ def test_operator_deployment_defaults() -> None:
     assert c["args"] == [
         "--all-namespaces",
         f"--peering={RELEASE}-stream-replicator",
+        "--metrics-port=8081",
         "--liveness=http://0.0.0.0:8080/healthz",
     ]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -314,6 +332,7 @@ def test_operator_command_line_accepts_the_rendered_arguments(name: str) -> None
         assert args.peering == (peering.get("name") or f"{RELEASE}-stream-replicator")
     port = values.get("operator", {}).get("healthPort", 8080)
     assert args.liveness == f"http://0.0.0.0:{port}/healthz"
+    assert args.metrics_port == values.get("operator", {}).get("metricsPort", 8081)
     assert args.roles_only is bool(values.get("rbac", {}).get("rolesOnly"))
     assert check_arguments(args) is None
 
@@ -544,11 +563,17 @@ def test_peering_objects_match_the_operator_scope() -> None:
 def test_optional_objects_are_off_by_default() -> None:
     kinds = {o["kind"] for o in render()}
     assert "ServiceMonitor" not in kinds and "PodDisruptionBudget" not in kinds
+    assert "PrometheusRule" not in kinds and "Service" not in kinds
     assert "ConfigMap" in kinds  # the dashboard
 
 
+def workers_monitor(values: dict[str, Any]) -> dict:
+    (sm,) = find(render(values), "ServiceMonitor", f"{RELEASE}-stream-replicator-workers")
+    return sm
+
+
 def test_service_monitor() -> None:
-    sm = one(render(VALUE_SETS["service-monitor"]), "ServiceMonitor")
+    sm = workers_monitor(VALUE_SETS["service-monitor"])
     assert sm["metadata"]["labels"]["release"] == "prometheus"
     assert sm["spec"]["namespaceSelector"] == {"any": True}
     assert sm["spec"]["selector"]["matchLabels"] == {
@@ -558,8 +583,32 @@ def test_service_monitor() -> None:
     assert sm["spec"]["endpoints"] == [
         {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
     ]
-    sm = one(render(VALUE_SETS["service-monitor-namespaced"]), "ServiceMonitor")
+    sm = workers_monitor(VALUE_SETS["service-monitor-namespaced"])
     assert sm["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+
+
+def test_operator_metrics_are_scraped_with_the_workers() -> None:
+    """The operator's /metrics: a port on its container, a Service selecting its pod, and a
+    ServiceMonitor that keeps the metrics' own `namespace` label."""
+    objects = render(VALUE_SETS["service-monitor"])
+    c = container(VALUE_SETS["service-monitor"])
+    assert "--metrics-port=8081" in c["args"]
+    assert {"name": "metrics", "containerPort": 8081, "protocol": "TCP"} in c["ports"]
+    assert env(c)["STREAM_REPLICATOR_CERTIFICATE_WARNING"] == "14d"
+    service = one(objects, "Service")
+    pod_labels = deployment(VALUE_SETS["service-monitor"])["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
+    monitors = {m["metadata"]["name"]: m for m in find(objects, "ServiceMonitor")}
+    operator = monitors[f"{RELEASE}-stream-replicator-operator"]
+    assert operator["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert operator["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+    assert operator["spec"]["endpoints"][0]["honorLabels"] is True
+    workers = monitors[f"{RELEASE}-stream-replicator-workers"]
+    assert not workers["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    values = {"metrics": {"serviceMonitor": {"enabled": True, "operator": False}}}
+    assert [m["metadata"]["name"] for m in find(render(values), "ServiceMonitor")] == [
+        f"{RELEASE}-stream-replicator-workers"]
 
 
 def test_pod_disruption_budget() -> None:
@@ -641,6 +690,12 @@ BAD_VALUES: dict[str, dict[str, Any]] = {
     "service monitor interval": {"metrics": {"serviceMonitor": {"interval": "30 seconds"}}},
     "service monitor selector not strings": {"metrics": {"serviceMonitor": {"selector": {"tier": 1}}}},
     "service monitor path": {"metrics": {"serviceMonitor": {"path": "metrics"}}},
+    "rule duration": {"metrics": {"prometheusRule": {"stuckFor": "ten minutes"}}},
+    "rule days not a number": {"metrics": {"prometheusRule": {"certificateExpiryDays": "14"}}},
+    "rule intervals zero": {"metrics": {"prometheusRule": {"fleetHealthIntervals": 0}}},
+    "rule typo": {"metrics": {"prometheusRule": {"enable": True}}},
+    "certificate warning": {"operator": {"certificateWarning": "two weeks"}},
+    "metrics port privileged": {"operator": {"metricsPort": 81}},
     "pdb negative": {"podDisruptionBudget": {"maxUnavailable": -1}},
     "pdb bad percentage": {"podDisruptionBudget": {"minAvailable": "half"}},
     "dashboard label value not a string": {"dashboards": {"labelValue": 1}},

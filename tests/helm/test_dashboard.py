@@ -44,6 +44,7 @@ def exposition() -> dict[str, set[str]]:
     worker.received_msgs.inc()
     worker.processing_time.observe(0.002)
     worker.lag_msgs.set(3)
+    worker.certificate("target", "client", lambda: 1.9e9)  # exported only for sides with TLS
     samples: dict[str, set[str]] = {}
     text = generate_latest(metrics.registry).decode()
     for family in text_string_to_metric_families(text):
