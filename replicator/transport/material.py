@@ -29,6 +29,7 @@ import re
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -260,6 +261,7 @@ class MaterialSource:
     _failed: dict[str, Stamp] | None = field(default=None, repr=False)
     _listeners: list[Callable[[Material], None]] = field(default_factory=list, repr=False)
     _first_error: MaterialError | None = field(default=None, repr=False)
+    _checked_at: float = field(default=-math.inf, repr=False)
 
     def load(self) -> Material:
         """The material, loading it now if this is the first use; `MaterialError` if it never parsed."""
@@ -268,14 +270,17 @@ class MaterialSource:
             raise self._first_error or MaterialError(", ".join(self.files.paths().values()), "unusable")
         return material
 
-    def current(self) -> Material | None:
-        """The newest material that parsed (checking the files first), None if none ever did."""
-        self.check()
+    def current(self, max_age: float = 0.0) -> Material | None:
+        """The newest material that parsed (checking the files first, unless they were checked less
+        than `max_age` seconds ago), None if none ever did."""
+        if time.monotonic() - self._checked_at >= max_age:
+            self.check()
         return self._material
 
     def check(self) -> bool:
         """Re-read the files if they changed; True when new material replaced the old."""
         paths = self.files.paths()
+        self._checked_at = time.monotonic()
         with self._lock:
             stamps = {role: _stamp(path) for role, path in paths.items()}
             if stamps == self._stamps or stamps == self._failed:
@@ -311,8 +316,9 @@ class MaterialSource:
         self._listeners.append(listener)
 
     def not_after(self, role: CertificateRole) -> float:
-        """For a gauge: NaN when there is no such certificate."""
-        material = self.current()
+        """For a gauge: NaN when there is no such certificate. A scrape of many workers' gauges
+        looks at the files once a second at most."""
+        material = self.current(max_age=1.0)
         value = material.not_after(role) if material else None
         return math.nan if value is None else value
 
