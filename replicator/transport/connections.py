@@ -32,7 +32,9 @@ class ConnectError(Exception):
 
 
 def material_files(profile: Profile, side: Side) -> MaterialFiles:
-    """The files one side reads: its TLS settings (if any) and its credentials file."""
+    """The files one side reads: its TLS settings (if any) and its credentials file. A new credential
+    setting (a JWT file, an nkey seed file, URL options naming them) maps onto `MaterialFiles` here;
+    reloading, last-good and the connect callbacks then come with it."""
     tls = profile.tls_for(side)
     files = MaterialFiles(creds=profile.credentials_for(side))
     if tls is None:
