@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.service.runner import Replicator
 from tests.copier.helpers import InProcess, make_stream, profile_for
+from tests.faults.conftest import RESULTS
 from tests.security.conftest import ServerFactory
 from tests.support.certs import (
     CertificateAuthority,
@@ -177,11 +178,17 @@ async def watching(env: Env, source: Cluster, target: Cluster,
         await target_nc.close()
 
 
+def reconnections(replicator: Replicator) -> float:
+    return sum(replicator.metrics.registry.get_sample_value(
+        "stream_replicator_connection_reconnections_total", {"name": replicator.profile.metrics_name,
+                                                             "worker": w.name}) or 0 for w in replicator.workers)
+
+
 async def copy_through(env: Env, source: Cluster, target: Cluster, settings: dict[str, Any], rotate: Rotate,
-                       *, ordered: bool = True, source_auth: dict[str, Any] | None = None,
+                       *, scenario: str, ordered: bool = True, source_auth: dict[str, Any] | None = None,
                        unique_keys: bool = False) -> dict:
     """Copy while publishing continuously, rotate mid-way, then check the whole stream; returns the
-    replicator's metrics as scraped at the end."""
+    replicator's metrics as scraped at the end. The outcome joins the fault results table."""
     async with watching(env, source, target, source_auth) as (source_nc, target_nc):
         await make_stream(source_nc)
         await make_stream(source_nc, "ADVISORIES", ["sr.advisories"])
@@ -192,15 +199,18 @@ async def copy_through(env: Env, source: Cluster, target: Cluster, settings: dic
             assert await wait_count(target_nc, "FLEET", 100, 30) is not None, "copying never started"
             await rotate(replicator)
             mark = await stream_count(source_nc, "FLEET")
-            assert await wait_count(target_nc, "FLEET", mark + 100, 30) is not None, "copying stopped"
+            resumed = await wait_count(target_nc, "FLEET", mark + 100, 30)
+            assert resumed is not None, "copying stopped"
             await publisher.stop()
             total = await stream_count(source_nc, "FLEET")
             assert await wait_count(target_nc, "FLEET", total, 30) is not None, "not everything arrived"
             assert runner.task is not None and not runner.task.done(), "the replicator stopped"
             assert replicator.monitor is not None
             samples = await asyncio.to_thread(scrape, replicator.monitor.port)
-        outcome = compare("rotation", await read_stream(source_nc, "FLEET"), await read_stream(target_nc, "FLEET"),
-                          recover_s=None)
+        outcome = compare(f"rotation: {scenario}", await read_stream(source_nc, "FLEET"),
+                          await read_stream(target_nc, "FLEET"), recover_s=resumed,
+                          notes=f"{reconnections(replicator):.0f} reconnections, no restart")
+    RESULTS.append(outcome)
     assert outcome.lost == outcome.duplicated == outcome.mismatched == 0, outcome
     if ordered:
         assert outcome.out_of_order == 0, outcome
@@ -226,10 +236,13 @@ async def test_leaf_renewed_under_the_same_ca_then_the_old_one_refused(tmp_path:
 
     async def rotate(replicator: Replicator) -> None:
         volume.update({"tls.crt": cert_pem(new.cert), "tls.key": key_pem(new.key)})
+        await asyncio.sleep(1.0)  # a renewal alone does not drop a live connection
+        assert reconnections(replicator) == 0 and replicator.readiness()[0]
         target.pinned = [spki_sha256(env.admin.cert), spki_sha256(new.cert)]
         target.reload()
 
-    samples = await copy_through(env, source, target, settings, rotate)
+    samples = await copy_through(env, source, target, settings, rotate,
+                                 scenario="leaf renewed, old unpinned (target, ordered)")
     assert gauge(samples, "stream_replicator_certificate_expiry_timestamp_seconds", side="target",
                  certificate="client") == [not_after(new.cert)]
 
@@ -255,7 +268,8 @@ async def test_client_ca_rotated(tmp_path: Path, nats_server: ServerFactory) -> 
         source.client_cas = [env.admin_ca, env.new_client_ca]
         source.restart()
 
-    await copy_through(env, source, target, settings, rotate, ordered=False, unique_keys=True)
+    await copy_through(env, source, target, settings, rotate, ordered=False, unique_keys=True,
+                       scenario="client CA rotated (source, scaled, KV, advisories)")
 
 
 async def test_server_ca_bundle_rotated_with_overlap(tmp_path: Path, nats_server: ServerFactory) -> None:
@@ -275,10 +289,12 @@ async def test_server_ca_bundle_rotated_with_overlap(tmp_path: Path, nats_server
         volume.update({"ca.crt": bundle(env.server_ca, env.new_server_ca)})
         target.server_ca = env.new_server_ca
         target.restart()
+        assert await wait_reconnected(replicator)  # verified the new server with the overlapping bundle
         volume.update({"ca.crt": env.new_server_ca.pem})
         target.restart()
 
-    samples = await copy_through(env, source, target, settings, rotate)
+    samples = await copy_through(env, source, target, settings, rotate,
+                                 scenario="server CA bundle rotated (target, ordered)")
     assert gauge(samples, "stream_replicator_certificate_expiry_timestamp_seconds", side="target",
                  certificate="ca") == [not_after(env.new_server_ca.cert)]
 
@@ -310,6 +326,7 @@ async def test_creds_rotated_and_the_old_user_revoked(tmp_path: Path, nats_serve
         await auth.push_account(source.url, tls=env.admin_context())
 
     await copy_through(env, source, target, settings, rotate,
+                       scenario=".creds rotated, old user revoked (source, election)",
                        source_auth={"user_credentials": RawCredentials(auth.creds_text(admin))})
 
 
@@ -337,7 +354,8 @@ async def test_half_written_file_keeps_the_last_good_material(tmp_path: Path, na
         source.client_cas = [env.admin_ca, env.new_client_ca]
         source.restart()
 
-    samples = await copy_through(env, source, target, settings, rotate)
+    samples = await copy_through(env, source, target, settings, rotate,
+                                 scenario="half-written file during rotation (source, ordered)")
     warnings = [r.getMessage() for r in caplog.records if r.name.endswith("material") and r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and str(files["cert"]) in warnings[0], warnings
     text = "\n".join(r.getMessage() for r in caplog.records)
