@@ -30,7 +30,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -259,7 +259,6 @@ class MaterialSource:
     _stamps: dict[str, Stamp] = field(default_factory=dict, repr=False)
     _digests: dict[str, bytes] = field(default_factory=dict, repr=False)
     _failed: dict[str, Stamp] | None = field(default=None, repr=False)
-    _listeners: list[Callable[[Material], None]] = field(default_factory=list, repr=False)
     _first_error: MaterialError | None = field(default=None, repr=False)
     _checked_at: float = field(default=-math.inf, repr=False)
 
@@ -298,11 +297,8 @@ class MaterialSource:
             first = self._material is None
             changed = [paths[r] for r in paths if digests[r] != self._digests.get(r)]
             self._material, self._stamps, self._digests, self._failed = material, stamps, digests, None
-            listeners = list(self._listeners)
         if not first:
             log.info("reloaded %s: the next (re)connect uses it%s", ", ".join(changed), _expiry(material))
-        for listener in listeners:
-            listener(material)
         return True
 
     def _fail(self, stamps: dict[str, Stamp], err: MaterialError) -> None:
@@ -311,9 +307,6 @@ class MaterialSource:
             self._first_error = err
             return
         log.warning("%s; keeping the material loaded before, retrying when the files change", err)
-
-    def on_reload(self, listener: Callable[[Material], None]) -> None:
-        self._listeners.append(listener)
 
     def not_after(self, role: CertificateRole) -> float:
         """For a gauge: NaN when there is no such certificate. A scrape of many workers' gauges
