@@ -3,9 +3,12 @@ condition: parsed with the replicator's own rules (`replicator/transport/materia
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from collections.abc import Mapping
+from typing import Any
 
+from replication_operator import status as st
 from replication_operator.spec import TLS_CA, TLS_CERT
 from replication_operator.status import MountedCertificate
 
@@ -27,3 +30,25 @@ def mounted_certificates(secret: str, data: Mapping[str, bytes]) -> list[Mounted
         for cert in certs if role == "ca" else certs[:1]:
             found.append(MountedCertificate(where, cert.subject, dt.datetime.fromtimestamp(cert.not_after, dt.UTC)))
     return found
+
+
+def secret_certificates(name: str, secret: Mapping[str, Any]) -> list[MountedCertificate]:
+    """`mounted_certificates` of a Secret object as the API returns it (base64 data)."""
+    data = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
+    return mounted_certificates(name, data)
+
+
+Event = tuple[str, str, str]  # (type, reason, message)
+
+
+def certificate_event(condition: Mapping[str, Any] | None, posted: str | None) -> tuple[str | None, Event | None]:
+    """The warning to remember as posted, and the event to post: a Warning when a certificate
+    warning appears or changes, a Normal one when it clears, nothing otherwise."""
+    warning = condition["message"] if condition and condition["status"] == "True" else None
+    if warning == posted:
+        return posted, None
+    if warning is not None and condition is not None:
+        return warning, ("Warning", str(condition["reason"]), warning)
+    if posted is not None:
+        return None, ("Normal", st.CERTIFICATES_VALID, "mounted certificates are valid again")
+    return None, None

@@ -8,10 +8,12 @@ chart's ServiceMonitor does, so `namespace` stays the resource's and not the ope
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
+from replication_operator.spark_application import schedule_interval
 
 from replicator.observe.metrics import PREFIX
 
@@ -45,6 +47,15 @@ class OperatorMetrics:
         self.gauges["fleet_health_last_run_timestamp_seconds"].labels(**labels).set(last_run)
         self.gauges["fleet_health_interval_seconds"].labels(**labels).set(fleet_interval)
 
+    def export(self, body: Mapping[str, Any], status: Mapping[str, Any], desired: int) -> tuple[str, str]:
+        """From a resource and the status just written; returns its (namespace, name)."""
+        meta = body["metadata"]
+        fleet = (body.get("spec") or {}).get("fleetHealth")
+        interval = _interval(str(fleet.get("schedule") or "")) if isinstance(fleet, Mapping) else None
+        self.update(meta["namespace"], meta["name"], desired=desired, status=status,
+                    created=meta.get("creationTimestamp"), fleet_interval=interval)
+        return meta["namespace"], meta["name"]
+
     def forget(self, namespace: str, name: str) -> None:
         self._remove(tuple(GAUGES), {"namespace": namespace, "streamreplication": name})
 
@@ -54,6 +65,11 @@ class OperatorMetrics:
                 self.gauges[n].remove(labels["namespace"], labels["streamreplication"])
             except KeyError:
                 pass
+
+
+@functools.lru_cache(maxsize=256)
+def _interval(schedule: str) -> float | None:
+    return schedule_interval(schedule or None)
 
 
 def _epoch(stamp: object) -> float | None:

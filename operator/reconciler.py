@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
-import functools
 import logging
 import os
 import time
@@ -29,13 +28,12 @@ from replication_operator.builders import (
     contains,
     controlled_by,
 )
-from replication_operator.certificates import mounted_certificates
+from replication_operator.certificates import certificate_event, secret_certificates
 from replication_operator.kube import APIError, APINotFoundError, KubeApi, error_text
 from replication_operator.memory import Memory
 from replication_operator.metrics import OperatorMetrics
 from replication_operator.native_engine import NativeEngine
 from replication_operator.native_nats import NativeError
-from replication_operator.spark_application import schedule_interval
 from replication_operator.spec import ReplicationSpec, SpecError, parse_spec
 
 from replicator.config.durations import parse_duration
@@ -266,7 +264,7 @@ class Reconciler:
                     labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
                     keys[name] = frozenset((secret.get("data") or {}).keys())
                     if name in tls:
-                        held[name] = mounted_certificates(name, _decoded(secret))
+                        held[name] = secret_certificates(name, secret)
             except (APIError, TimeoutError) as err:
                 missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
         problems.extend(
@@ -416,20 +414,10 @@ class Reconciler:
         )
         if memory.native_view is not None:
             new.update(memory.native_fields)
-        self._post_certificates(body, memory, certificates)
+        memory.certificate_warning, event = certificate_event(certificates, memory.certificate_warning)
+        if event is not None:
+            self._event(body, *event)
         await self._patch_status(body, memory, old, new)
-
-    def _post_certificates(self, body: Mapping[str, Any], memory: Memory,
-                           condition: Mapping[str, Any] | None) -> None:
-        """A Warning event when a certificate warning appears or changes; Normal when it clears."""
-        warning = condition["message"] if condition and condition["status"] == "True" else None
-        if warning == memory.certificate_warning:
-            return
-        if warning is not None and condition is not None:
-            self._event(body, "Warning", condition["reason"], warning)
-        elif memory.certificate_warning is not None:
-            self._event(body, "Normal", st.CERTIFICATES_VALID, "mounted certificates are valid again")
-        memory.certificate_warning = warning
 
     async def _persist(self, body: Mapping[str, Any], memory: Memory, fields: Mapping[str, Any]) -> None:
         """Write these status fields now (an engine switch's step); None removes a field. Raises
@@ -445,7 +433,7 @@ class Reconciler:
                             old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         patch = st.status_patch(old, new)
         memory.status = {**old, **new}
-        self._export(body, memory)
+        memory.identity = self.metrics.export(body, memory.status, parse_spec_replicas(body))
         if not patch:
             return
         meta = body["metadata"]
@@ -456,14 +444,6 @@ class Reconciler:
         except (APIError, TimeoutError) as err:
             memory.status = dict(old)  # not written: try again next time
             log.warning("%s/%s: cannot write status: %s", meta["namespace"], meta["name"], error_text(err))
-
-    def _export(self, body: Mapping[str, Any], memory: Memory) -> None:
-        meta = body["metadata"]
-        memory.identity = (meta["namespace"], meta["name"])
-        fleet = (body.get("spec") or {}).get("fleetHealth")
-        interval = _interval(str(fleet.get("schedule") or "")) if isinstance(fleet, Mapping) else None
-        self.metrics.update(meta["namespace"], meta["name"], desired=parse_spec_replicas(body), status=memory.status,
-                            created=meta.get("creationTimestamp"), fleet_interval=interval)
 
     # ---- triggers besides the resource's own handlers ----
     async def _owner(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -603,15 +583,6 @@ class Reconciler:
         if memory.nats_errors.pop(what, None) is not None:
             self._event(body, "Normal", "LagAvailable" if what == "lag" else "FleetAvailable",
                         f"reading {what} again")
-
-
-@functools.lru_cache(maxsize=256)
-def _interval(schedule: str) -> float | None:
-    return schedule_interval(schedule or None)
-
-
-def _decoded(secret: Mapping[str, Any]) -> dict[str, bytes]:
-    return {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
 
 
 def parse_spec_replicas(body: Mapping[str, Any]) -> int:
