@@ -22,7 +22,7 @@ import ssl
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.service.runner import Replicator
 from tests.copier.helpers import InProcess, make_stream, profile_for
-from tests.faults.conftest import RESULTS
 from tests.security.conftest import ServerFactory
 from tests.support.certs import (
     CertificateAuthority,
@@ -47,11 +46,22 @@ from tests.support.certs import (
     server_tls_block,
     spki_sha256,
 )
-from tests.support.faults import ContinuousPublisher, compare, read_stream, stream_count, wait_count
+from tests.support.fault_table import PROPERTY
+from tests.support.faults import ContinuousPublisher, Outcome, compare, read_stream, stream_count, wait_count
 from tests.support.nats_jwt import Decentralised, Key
 from tests.support.secret_volume import SecretVolume
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+OUTCOMES: list[Outcome] = []
+
+
+@pytest.fixture(autouse=True)
+def _report_outcomes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each scenario's row joins the fault results table (tests/support/fault_table.py)."""
+    before = len(OUTCOMES)
+    yield
+    request.node.user_properties.extend((PROPERTY, outcome.row()) for outcome in OUTCOMES[before:])
 
 
 @dataclass
@@ -210,7 +220,7 @@ async def copy_through(env: Env, source: Cluster, target: Cluster, settings: dic
         outcome = compare(f"rotation: {scenario}", await read_stream(source_nc, "FLEET"),
                           await read_stream(target_nc, "FLEET"), recover_s=resumed,
                           notes=f"{reconnections(replicator):.0f} reconnections, no restart")
-    RESULTS.append(outcome)
+    OUTCOMES.append(outcome)
     assert outcome.lost == outcome.duplicated == outcome.mismatched == 0, outcome
     if ordered:
         assert outcome.out_of_order == 0, outcome
