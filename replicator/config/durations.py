@@ -52,3 +52,42 @@ def format_duration(seconds: float) -> str:
         if whole and whole % size == 0:
             return f"{whole // size}{unit}"
     return f"{whole}s"
+
+
+# The Go Stream Replicator's durations (`util.ParseDurationString`): the last character picks the
+# parser. `d`/`D`, `w`/`W`, `M` (30 days) and `Y`/`y` (365 days) take one decimal number; anything
+# ending in `s`, `m`, `h` or `H` is Go's `time.ParseDuration` (`1h30m`, `500ms`, `1.5h`).
+_GO_DAYS = {"d": 1.0, "D": 1.0, "w": 7.0, "W": 7.0, "M": 30.0, "Y": 365.0, "y": 365.0}
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_go_duration(value: object) -> float:
+    """Seconds from a Go-format duration (`10s`, `1h30m`, `500ms`, `1d`, `1w`, `1M`, `1Y`); 0 for ""."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"invalid duration {value!r}")
+    text = str(value).strip()
+    if not text:
+        return 0.0
+    unit = text[-1]
+    if unit in _GO_DAYS:
+        try:
+            number = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"invalid duration {value!r} (use e.g. 10s, 5m, 1h30m, 1d, 1w, 1M or 1Y)") from None
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"invalid duration {value!r}: must be a positive number")
+        return number * _GO_DAYS[unit] * 86400.0
+    if unit not in "smhH":
+        raise ValueError(f"invalid duration {value!r}: invalid time unit {unit!r} "
+                         "(use e.g. 10s, 5m, 1h30m, 1d, 1w, 1M or 1Y)")
+    body = text[:-1] + "h" if unit == "H" else text
+    pos, total = 0, 0.0
+    for match in _GO_PART.finditer(body):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _GO_UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(body):
+        raise ValueError(f"invalid duration {value!r} (use e.g. 10s, 5m, 1h30m, 1d, 1w, 1M or 1Y)")
+    return total

@@ -1,4 +1,4 @@
-"""Config files: read the YAML, validate it against the model, pick a profile."""
+"""Config files: read the YAML (legacy `topics:` or the Go tool's `streams:`), validate it, pick a profile."""
 
 from __future__ import annotations
 
@@ -13,12 +13,18 @@ from pydantic import (
 )
 
 from replicator.config.errors import ConfigError, format_errors
+from replicator.config.goformat import is_go_format, parse_go_config
 from replicator.config.model import Config, Profile
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: the config must be a YAML mapping with a 'topics' key")
+        raise ConfigError(f"{source}: the config must be a YAML mapping with a 'topics' map (or, as the Go "
+                          "Stream Replicator writes it, 'name' and a 'streams' list)")
+    if is_go_format(dict(data)):
+        go = parse_go_config(dict(data), source)
+        go.config._warnings = go.warnings
+        return go.config
     try:
         config = Config.model_validate(dict(data))
     except ValidationError as err:

@@ -11,6 +11,7 @@ import datetime as dt
 import os
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -20,12 +21,14 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_validator,
     model_validator,
 )
 
 from replicator.config.durations import parse_duration
 from replicator.config.errors import ConfigError
+from replicator.config.urls import UrlOptions, split_urls, url_options
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -50,6 +53,7 @@ class TLSConfig(Strict):
     cert: str | None = None
     key: str | None = None
     insecure: bool = False
+    handshake_first: bool = False
 
     @model_validator(mode="after")
     def _complete(self) -> TLSConfig:
@@ -74,9 +78,13 @@ class TLSConfig(Strict):
 
 
 class AdvisoryConfig(Strict):
+    """`target` may hold `%s` (the event) and `%v` (the sender's value), as the Go tool's subjects do."""
+
     target: str
     cluster: Literal["target", "source"] = "target"
     age: Duration | None = None
+    format: Literal["v1", "v2"] = "v1"
+    reliable: bool | None = None
 
     @field_validator("target")
     @classmethod
@@ -113,7 +121,7 @@ class TopicConfig(Strict):
     max_age: Duration | None = None
     inspect: str | None = None
     inspect_header: str | None = None
-    inspect_subject_token: int | None = Field(default=None, ge=1)
+    inspect_subject_token: int | None = None
     age: Duration | None = None
     update_flag: str | None = None
     size_trigger: int | None = Field(default=None, ge=1)
@@ -125,6 +133,13 @@ class TopicConfig(Strict):
     monitor: int | None = Field(default=None, ge=0, le=65535)
     source_credentials: str | None = None
     target_credentials: str | None = None
+    source_jwt_file: str | None = None
+    source_seed_file: str | None = None
+    target_jwt_file: str | None = None
+    target_seed_file: str | None = None
+    durable: str | None = None
+    ephemeral: bool = False
+    leader_election_bucket: str | None = None
     tls: TLSConfig | None = None
     source_tls: TLSConfig | None = None
     target_tls: TLSConfig | None = None
@@ -147,24 +162,19 @@ class TopicConfig(Strict):
             raise ValueError(f"dead_letter subject {value!r} must be a literal subject")
         return value
 
+    @field_validator("inspect_subject_token")
+    @classmethod
+    def _token(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ValueError("must be -1 (the whole subject) or greater than 0 (a 1-based token)")
+        return value
+
     @field_validator("source_url", "target_url")
     @classmethod
     def _urls(cls, value: str) -> str:
-        urls = [u.strip() for u in value.split(",") if u.strip()]
-        if not urls:
-            raise ValueError("at least one NATS URL is required")
-        for url in urls:
-            try:
-                parts = urlsplit(url)
-                port = parts.port  # raises ValueError when it is not a number
-            except ValueError:
-                parts, port = None, None
-            if (parts is None or parts.scheme not in {"nats", "tls", "ws", "wss"} or not parts.hostname
-                    or (port is None and ":" in parts.netloc.rsplit("@", 1)[-1]) or " " in url):
-                raise ValueError(f"invalid NATS URL {redact_url(url)!r} (want nats://host:port)")
-        return ",".join(urls)
+        return check_urls(value)
 
-    @field_validator("source_stream", "target_stream", "queue_group", "name")
+    @field_validator("source_stream", "target_stream", "queue_group", "name", "durable", "leader_election_bucket")
     @classmethod
     def _names(cls, value: str | None) -> str | None:
         if value is None:
@@ -191,6 +201,15 @@ class TopicConfig(Strict):
             raise ValueError("advisory needs a sampling key (inspect, inspect_header or inspect_subject_token)")
         if self.limiter_state == "kv" and not keys:
             raise ValueError("limiter_state 'kv' needs a sampling key")
+        for side in ("source", "target"):
+            jwt, seed = getattr(self, f"{side}_jwt_file"), getattr(self, f"{side}_seed_file")
+            if bool(jwt) != bool(seed):
+                raise ValueError(f"{side}_jwt_file and {side}_seed_file go together (a user JWT and its nkey seed)")
+            opts = url_options(getattr(self, f"{side}_url"))
+            given = [k for k in (f"{side}_credentials", f"{side}_jwt_file") if getattr(self, k)]
+            given += [f"{side}_url ?{k}=" for k in ("credentials", "jwt") if getattr(opts, k)]
+            if len(given) > 1:
+                raise ValueError(f"one way to authenticate the {side} at a time, not {given}")
         return self
 
     @property
@@ -211,21 +230,102 @@ class TopicConfig(Strict):
         return (self.age or 0) / 2 or None
 
 
+class HeartbeatSubject(Strict):
+    subject: str
+    interval: Duration | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("subject")
+    @classmethod
+    def _literal(cls, value: str) -> str:
+        if not value or any(ch in value for ch in " \t*>") or ".." in value or value[0] == "." or value[-1] == ".":
+            raise ValueError(f"heartbeat subject {value!r} must be a literal subject")
+        return value
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("interval must be positive")
+        return value
+
+
+class HeartbeatsConfig(Strict):
+    """Periodic JetStream publishes (unix time as body) that keep idle streams measurably alive."""
+
+    url: str
+    interval: Duration = 10.0
+    leader_election: bool = False
+    leader_election_bucket: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    subjects: list[HeartbeatSubject] = Field(min_length=1)
+    tls: TLSConfig | None = None
+    credentials: str | None = None
+    jwt_file: str | None = None
+    seed_file: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        return check_urls(value)
+
+    @field_validator("interval")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("interval must be positive")
+        return value
+
+    @model_validator(mode="after")
+    def _auth(self) -> HeartbeatsConfig:
+        if bool(self.jwt_file) != bool(self.seed_file):
+            raise ValueError("jwt_file and seed_file go together (a user JWT and its nkey seed)")
+        return self
+
+
+@dataclass(frozen=True)
+class GoIdentity:
+    """Who a Go-format stream entry was: the names its headers, metrics and consumer carry, and
+    where its keys were in the file (`keys`: model key -> the Go key it came from), for messages."""
+
+    replicator: str
+    name: str
+    stream: str
+    index: int
+    keys: dict[str, str]
+    election_name: str | None = None
+
+
 class Config(Strict):
     debug: bool = False
     verbose: bool = False
     logfile: str | None = None
     log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warn", "warning", "error"] | None = None
     state_dir: str | None = None
     tls: TLSConfig | None = None
+    name: str | None = None
+    heartbeats: HeartbeatsConfig | None = None
     topics: dict[str, TopicConfig]
+    # Set by the Go-format loader (profile -> its Go names); empty for a legacy file.
+    _go: dict[str, GoIdentity] = PrivateAttr(default_factory=dict)
+    # What loading had to warn about (keys accepted but ignored), for the caller to log once.
+    _warnings: list[str] = PrivateAttr(default_factory=list)
 
-    @field_validator("topics")
-    @classmethod
-    def _some_topics(cls, value: dict[str, TopicConfig]) -> dict[str, TopicConfig]:
-        if not value:
-            raise ValueError("at least one topic is required")
-        return value
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._warnings)
+
+    @property
+    def dialect(self) -> Literal["legacy", "go"]:
+        """Which file format this came from: a Go-format file gets the Go tool's observable surface."""
+        return "go" if self._go else "legacy"
+
+    @model_validator(mode="after")
+    def _some_topics(self) -> Config:
+        if not self.topics and self.heartbeats is None:
+            raise ValueError("topics: at least one topic is required")
+        return self
 
     @model_validator(mode="after")
     def _file_state(self) -> Config:
@@ -260,7 +360,7 @@ class Profile:
     @property
     def durable_name(self) -> str:
         """Ordered mode's durable consumer; stable across restarts and pods."""
-        return self.base_name
+        return self.settings.durable or self.base_name
 
     @property
     def group_name(self) -> str:
@@ -280,16 +380,49 @@ class Profile:
     def metrics_name(self) -> str:
         return self.base_name
 
+    @property
+    def replicator(self) -> str:
+        """The site name that v2 advisories, `Choria-SR-Source` and the Go-format metrics carry."""
+        return self.config.name or self.metrics_name
+
+    @property
+    def go(self) -> GoIdentity | None:
+        """The Go-format names of this profile, when it came from a Go-format file."""
+        return self.config._go.get(self.profile)
+
+    def key(self, name: str) -> str:
+        """A key of this profile as the file spells it, for messages (`topics.cmdb.age`, `streams.0.x`)."""
+        go = self.go
+        if go is not None:
+            return go.keys.get(name, f"streams.{go.index}.{name}")
+        return f"topics.{self.profile}.{name}"
+
     # ---- TLS and credentials per side ----
+    def url_options(self, side: Literal["source", "target"]) -> UrlOptions:
+        """The side's servers and the options of their query string (`?credentials=...`)."""
+        return url_options(self.settings.source_url if side == "source" else self.settings.target_url)
+
     def tls_for(self, side: Literal["source", "target"]) -> TLSConfig | None:
         s = self.settings
         if (side == "source" and s.disable_source_tls) or (side == "target" and s.disable_target_tls):
             return None
         specific = s.source_tls if side == "source" else s.target_tls
-        return specific or s.tls or self.config.tls
+        return with_url_tls(specific or s.tls or self.config.tls, self.url_options(side))
 
     def credentials_for(self, side: Literal["source", "target"]) -> str | None:
-        return self.settings.source_credentials if side == "source" else self.settings.target_credentials
+        creds = self.settings.source_credentials if side == "source" else self.settings.target_credentials
+        return creds or self.url_options(side).credentials
+
+    def jwt_for(self, side: Literal["source", "target"]) -> tuple[str, str] | None:
+        """(user JWT file, nkey seed file), from the profile or the URL's `?jwt=&nkey=`."""
+        jwt, seed = getattr(self.settings, f"{side}_jwt_file"), getattr(self.settings, f"{side}_seed_file")
+        if jwt and seed:
+            return jwt, seed
+        opts = self.url_options(side)
+        return (opts.jwt, opts.nkey) if opts.jwt and opts.nkey else None
+
+    def connect_timeout_for(self, side: Literal["source", "target"]) -> float | None:
+        return self.url_options(side).connect_timeout
 
     def check_files(self) -> None:
         """Unreadable TLS and credentials files fail at start, not at the first reconnect.
@@ -299,22 +432,53 @@ class Profile:
         for side in ("source", "target"):
             tls = self.tls_for(side)  # type: ignore[arg-type]
             if tls:
-                key = f"{side}_tls" if getattr(self.settings, f"{side}_tls") else (
-                    f"topics.{self.profile}.tls" if self.settings.tls else "tls")
-                if not key.startswith(("tls", "topics")):
-                    key = f"topics.{self.profile}.{key}"
+                key = (self.key(f"{side}_tls") if getattr(self.settings, f"{side}_tls")
+                       else self.key("tls") if self.settings.tls else "tls")
                 for label, path in zip(("ca", "cert", "key"), tls.files(), strict=True):
                     if path and not os.access(path, os.R_OK):
                         raise ConfigError(f"{self.source}: {key}: {side} TLS {label} file {path} is not readable")
             creds = self.credentials_for(side)  # type: ignore[arg-type]
             if creds and not os.access(creds, os.R_OK):
-                raise ConfigError(
-                    f"{self.source}: topics.{self.profile}.{side}_credentials: file {creds} is not readable"
-                )
+                key = self.key(f"{side}_credentials" if getattr(self.settings, f"{side}_credentials")
+                               else f"{side}_url")
+                raise ConfigError(f"{self.source}: {key}: file {creds} is not readable")
+            jwt = self.jwt_for(side)  # type: ignore[arg-type]
+            for label, path in zip(("jwt_file", "seed_file"), jwt or (), strict=False):
+                if not os.access(path, os.R_OK):
+                    key = self.key(f"{side}_{label}" if getattr(self.settings, f"{side}_{label}") else f"{side}_url")
+                    raise ConfigError(f"{self.source}: {key}: file {path} is not readable")
 
     def state_file(self) -> Path:
         assert self.config.state_dir
         return Path(self.config.state_dir) / f"{self.profile}.json"
+
+
+def check_urls(value: str) -> str:
+    """A comma-separated NATS URL list, each with scheme, host and numeric port, query options known."""
+    urls = split_urls(value)
+    if not urls:
+        raise ValueError("at least one NATS URL is required")
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # raises ValueError when it is not a number
+        except ValueError:
+            parts, port = None, None
+        if (parts is None or parts.scheme not in {"nats", "tls", "ws", "wss"} or not parts.hostname
+                or (port is None and ":" in parts.netloc.rsplit("@", 1)[-1]) or " " in url):
+            raise ValueError(f"invalid NATS URL {redact_url(url)!r} (want nats://host:port)")
+    url_options(value)  # raises for unknown or broken query options
+    return ",".join(urls)
+
+
+def with_url_tls(tls: TLSConfig | None, opts: UrlOptions) -> TLSConfig | None:
+    """`?insecure=true` and `?tls_handshake_first=true` turn TLS on (as they do in the Go tool)."""
+    if not (opts.insecure or opts.tls_handshake_first):
+        return tls
+    extra = {"insecure": opts.insecure or bool(tls and tls.insecure),
+             "handshake_first": opts.tls_handshake_first or bool(tls and tls.handshake_first)}
+    return tls.model_copy(update=extra) if tls else TLSConfig(insecure=extra["insecure"],
+                                                              handshake_first=extra["handshake_first"])
 
 
 def subject_token_name(subject: str) -> str:
