@@ -26,6 +26,8 @@ async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, 
     if delete:
         with contextlib.suppress(NotFoundError):
             await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
+    if ep.profile.settings.ephemeral:  # as the Go tool makes it: R1, in memory, gone when unused
+        position = {**position, "num_replicas": 1, "mem_storage": True, "inactive_threshold": 50.0}
     config = ConsumerConfig(
         durable_name=ep.profile.durable_name,
         ack_policy=AckPolicy.ALL,

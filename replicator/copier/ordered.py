@@ -140,12 +140,15 @@ class OrderedCopier:
         await self._read_features()
         topic = ep.profile.settings.topic
         self.position = TargetPosition(ep.target_nc, ep.target_stream, self.transform.rewrite(topic),
-                                       self.transform.writer)
+                                       self.transform.writer, self.transform.choria)
         name = ep.profile.durable_name
-        where = await resume_point(self.position, ep.source_js, ep.source_stream, name, topic)
-        handed_over = ep.profile.settings.resume_after or 0
-        if handed_over >= where.next_seq:  # copied by another engine: its copies carry no provenance
-            where = Resume(handed_over + 1, True, where.target_seq)
+        if ep.profile.settings.ephemeral:  # the Go tool's `ephemeral`: copy it all again on every start
+            where = Resume(1, False, 0)
+        else:
+            where = await resume_point(self.position, ep.source_js, ep.source_stream, name, topic)
+            handed_over = ep.profile.settings.resume_after or 0
+            if handed_over >= where.next_seq:  # copied by another engine: its copies carry no provenance
+                where = Resume(handed_over + 1, True, where.target_seq)
         position = durable.at(where.next_seq) if where.resuming else start_position(ep.profile)
         await durable.place(ep, position, self.max_in_flight)
         self.committed = where.next_seq - 1 if where.resuming else 0
@@ -525,6 +528,7 @@ class OrderedCopier:
             await self.puller.restart()
             self.last_cseq = 0
             self.gap = None
+            ep.metrics.consumer_recreated.inc()
             log.info("%s recreated consumer %s at sequence %d", ep.worker, ep.profile.durable_name, resume)
         except Exception as err:
             log.warning("%s cannot recreate consumer: %s", ep.worker, err)

@@ -29,7 +29,14 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from replicator.copier.provenance import EXPECTED_LAST_MSG_ID, PROVENANCE, Writer, parse_provenance
+from replicator.copier.provenance import (
+    CHORIA_SOURCE,
+    EXPECTED_LAST_MSG_ID,
+    PROVENANCE,
+    Writer,
+    parse_choria_source,
+    parse_provenance,
+)
 from replicator.transport.jetstream import ACK_PENDING, ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens
 
 log = logging.getLogger(__name__)
@@ -66,17 +73,25 @@ class Landed:
 class TargetPosition:
     """This writer's copies in one target stream, found by their provenance header."""
 
-    def __init__(self, target_nc: Client, target_stream: str, subject: str, writer: Writer) -> None:
+    def __init__(self, target_nc: Client, target_stream: str, subject: str, writer: Writer,
+                 choria: tuple[str, str] | None = None) -> None:
         self.nc = target_nc
         self.stream = target_stream
         self.subject = subject  # the target subjects this writer publishes to (wildcards allowed)
         self.writer = writer
+        # (replicator, name) of a Go-format profile: the Go tool's own copies count as ours.
+        self.choria = choria
 
     def _ours(self, headers: dict[str, str] | None, legacy: tuple[int, int] | None) -> int:
         """The source sequence of a copy of ours, else 0. Copies by the previous release (no writer
         field) count only inside `legacy` (floor..last delivered): another site's old copies with
         the same stream and name would otherwise pass for ours."""
         prov = parse_provenance((headers or {}).get(PROVENANCE))
+        if prov is None and self.choria is not None:
+            # Only `Choria-SR-Source`: a copy the Go Stream Replicator made before we took over. Like
+            # the previous release's copies, it counts only inside the uncertain range when known.
+            seq = parse_choria_source((headers or {}).get(CHORIA_SOURCE), self.writer.source_stream, *self.choria)
+            return seq if seq and (legacy is None or legacy[0] <= seq <= legacy[1]) else 0
         if prov is None or not self.writer.owns(prov):
             return 0
         if prov.legacy and legacy is not None and not legacy[0] <= prov.seq <= legacy[1]:

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 PROVENANCE = "Stream-Replicator-Source"
+CHORIA_SOURCE = "Choria-SR-Source"
+"""The Go Stream Replicator's header, `<stream> <seq> <replicator> <name> <timestamp-ms>`: added for
+Go-format profiles, and read to resume after the Go tool's own last copy."""
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_MSG_ID = "Nats-Expected-Last-Msg-Id"
 
@@ -84,6 +87,22 @@ class Provenance:
     @property
     def legacy(self) -> bool:
         return self.writer is None
+
+
+def choria_source(source_stream: str, seq: int, replicator: str, name: str, timestamp_ns: int) -> str:
+    return f"{source_stream} {seq} {replicator} {name} {timestamp_ns // 1_000_000}"
+
+
+def parse_choria_source(value: str | None, source_stream: str, replicator: str, name: str) -> int:
+    """The source sequence in a `Choria-SR-Source` header written for this stream by this
+    replicator and stream name; 0 otherwise."""
+    parts = (value or "").split(" ")
+    if len(parts) != 5 or parts[0] != source_stream or parts[2] != replicator or parts[3] != name:
+        return 0
+    try:
+        return max(0, int(parts[1]))
+    except ValueError:
+        return 0
 
 
 def parse_provenance(value: str | None) -> Provenance | None:

@@ -8,7 +8,7 @@ from nats.aio.msg import Msg
 
 from replicator.copier.endpoints import Endpoints
 from replicator.copier.headers import HeaderPolicy, TargetFeatures
-from replicator.copier.provenance import MSG_ID, PROVENANCE, Writer
+from replicator.copier.provenance import CHORIA_SOURCE, MSG_ID, PROVENANCE, Writer, choria_source
 from replicator.transport.subjects import SubjectRewriter
 
 
@@ -30,6 +30,8 @@ class MessageTransform:
         self.rewrite = SubjectRewriter(ep.profile.settings)
         self.writer = Writer(ep.source_stream, ep.profile.base_name, "")
         self.policy = HeaderPolicy()
+        go = ep.profile.go  # a Go-format profile's copies also carry the Go tool's header
+        self.choria = (go.replicator, go.name) if go is not None else None
 
     def set_writer(self, identity: str) -> None:
         """The source stream instance this copier reads (see `provenance.stream_identity`)."""
@@ -47,5 +49,7 @@ class MessageTransform:
         writer = self.writer
         headers[PROVENANCE] = writer.provenance(seq, ts_ns)
         headers[MSG_ID] = writer.msg_id(seq)
+        if self.choria is not None:
+            headers[CHORIA_SOURCE] = choria_source(writer.source_stream, seq, *self.choria, ts_ns)
         return Copy(self.rewrite(msg.subject), headers, b"" if applied.empty_payload else msg.data,
                     applied.chainable)

@@ -23,9 +23,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING,
+          "error": logging.ERROR}
+
+
 def setup_logging(*, debug: bool = False, logfile: str | None = None,
-                  log_format: str = "text") -> None:
-    level = logging.DEBUG if debug else logging.INFO
+                  log_format: str = "text", level: str | None = None) -> None:
+    """`level` is the config's `log_level` (the Go format's `loglevel`); `debug` wins over it."""
+    level_no = logging.DEBUG if debug else LEVELS.get(level or "info", logging.INFO)
     handler: logging.Handler = logging.FileHandler(logfile) if logfile else logging.StreamHandler(sys.stdout)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
@@ -33,7 +38,7 @@ def setup_logging(*, debug: bool = False, logfile: str | None = None,
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(level_no)
     # The NATS client logs every reconnect attempt at error level; our callbacks say it once, better.
     logging.getLogger("nats").setLevel(logging.CRITICAL)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

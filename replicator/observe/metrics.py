@@ -31,6 +31,9 @@ COUNTERS = {
     "connection_closed": "NATS connections closed",
     "connection_errors": "NATS connection errors",
     "limiter_memory_skipped": "Messages the limiter skipped (sender copied within age)",
+    "limiter_skipped_bytes": "Payload bytes of the messages the limiter skipped",
+    "limiter_forced_msgs": "Messages whose update flag forced a copy",
+    "consumer_recreated": "Times the source consumer was recreated while running (deleted, or deliveries lost)",
     "limiter_memory_passed": "Messages the limiter let through",
     "limiter_memory_errors": "Messages without a usable sampling key (copied anyway)",
     "limiter_state_errors": "Limiter state store operations that failed (copying continued, fail open)",
@@ -114,6 +117,9 @@ class WorkerMetrics:
         self.closed = c["connection_closed"]
         self.errors = c["connection_errors"]
         self.limiter_skipped = c["limiter_memory_skipped"]
+        self.limiter_skipped_bytes = c["limiter_skipped_bytes"]
+        self.limiter_forced = c["limiter_forced_msgs"]
+        self.consumer_recreated = c["consumer_recreated"]
         self.limiter_passed = c["limiter_memory_passed"]
         self.limiter_errors = c["limiter_memory_errors"]
         self.limiter_state_errors = c["limiter_state_errors"]

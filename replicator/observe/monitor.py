@@ -18,12 +18,15 @@ ReadinessProbe = Callable[[], tuple[bool, dict[str, object]]]
 
 class MonitorServer:
     def __init__(
-        self, registry: CollectorRegistry, readiness: ReadinessProbe, port: int, host: str = "0.0.0.0"
+        self, registry: CollectorRegistry, readiness: ReadinessProbe, port: int, host: str = "0.0.0.0",
+        *, extra: Callable[[], bytes] | None = None,
     ) -> None:
         self.registry = registry
         self.readiness = readiness
         self.port = port
         self.host = host
+        # More text exposition after the registry's (the Go-format families, see gometrics.py).
+        self.extra = extra
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -47,6 +50,8 @@ class MonitorServer:
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
+        if self.extra is not None:
+            body += self.extra()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _request: web.Request) -> web.Response:

@@ -36,6 +36,8 @@ from replicator.sampling.state.records import ANNOUNCED, Sender, scan_interval
 log = logging.getLogger(__name__)
 
 SCHEMA_ID = "https://choria.io/schemas/sr/v1/age_advisory.json"  # the legacy tool's value: its consumers keep working
+V2_PROTOCOL = "io.choria.sr.v2.age_advisory"
+"""The Go Stream Replicator's AgeAdvisoryV2 (`advisory.format: v2`), for its existing consumers."""
 EVENTS = ("new", "timeout", "recover", "expire")
 RETRIES = 10
 STREAM_RECHECK = 30.0
@@ -85,6 +87,34 @@ def build_advisory(
     }
 
 
+def build_advisory_v2(
+    event: str, value: str, sender: Sender, now: float, *, inspect: str, replicator: str, topic: str
+) -> dict[str, Any]:
+    """The Go tool's AgeAdvisoryV2 document (same facts; `event_id` is our deterministic one)."""
+    v1 = build_advisory(event, value, sender, now, inspect=inspect, replicator=replicator, topic=topic)
+    return {
+        "protocol": V2_PROTOCOL,
+        "event_id": v1["event_id"],
+        "inspect_field": inspect,
+        "age": v1["age"] if sender.seen > 0 else -1,  # Go encodes its whole float64 seconds as integers
+        "seen": v1["seen"],
+        "replicator": replicator,
+        "timestamp": v1["timestamp"],
+        "event": event,
+        "value": value,
+    }
+
+
+_SUBJECT_UNSAFE = str.maketrans({" ": "_", "\t": "_", "*": "_", ">": "_", "\r": "_", "\n": "_"})
+
+
+def advisory_subject(template: str, event: str, value: str) -> str:
+    """`%s` -> the event, `%v` -> the sender's value (characters a subject cannot hold become `_`)."""
+    if "%" not in template:
+        return template
+    return template.replace("%s", event).replace("%v", value.translate(_SUBJECT_UNSAFE) or "_")
+
+
 def default_retry_delay(attempt: int) -> float:
     """0.25 s doubling to 5 s: ten retries span about half a minute."""
     return min(0.25 * 2**attempt, 5.0)
@@ -115,6 +145,9 @@ class Advisor:
         self.metrics = metrics
         self.clock = clock
         self.subject = settings.advisory.target
+        self.format = settings.advisory.format
+        self.reliable = settings.advisory.reliable
+        self.build = build_advisory_v2 if self.format == "v2" else build_advisory
         self.inspect = key_spec(settings)
         self.topic = settings.topic
         self.replicator = replicator_name
@@ -131,8 +164,9 @@ class Advisor:
         self._queued: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._scan_now = asyncio.Event()
-        self._stream: str | None = None
-        self._stream_checked = -math.inf
+        self._streams: dict[str, tuple[str | None, float]] = {}  # subject -> (capturing stream, checked at)
+        # Advisories given up on, per event (the Go-format metrics label errors by event).
+        self.errors_by_event = dict.fromkeys(EVENTS, 0)
         # Published but not yet marked in the store (e.g. the KV is down): not published again.
         self._unmarked: dict[str, str] = {}
 
@@ -258,7 +292,7 @@ class Advisor:
             if event == "expire" and (not sender.announced or now - sender.seen >= 2 * self.age):
                 await self.store.forget(key, sender)  # never announced, or stale state: forget quietly
                 return
-            advisory = build_advisory(
+            advisory = self.build(
                 event, key, sender, now, inspect=self.inspect, replicator=self.replicator, topic=self.topic
             )
             if self._unmarked.get(key) != advisory["event_id"]:
@@ -266,6 +300,7 @@ class Advisor:
                     self.metrics.advisories[event].inc()
                 else:
                     self.metrics.advisories_errors.inc()
+                    self.errors_by_event[event] += 1
                 self._unmarked[key] = advisory["event_id"]
             if not await self._mark(key, event, sender):
                 return  # the next scan retries the mark, not the publish
@@ -283,39 +318,48 @@ class Advisor:
         return False
 
     # -- publishing
-    async def _capturing_stream(self) -> str | None:
+    async def _capturing_stream(self, subject: str) -> str | None:
         """The stream that stores the advisory subject, if any (re-checked every 30 s and on errors)."""
         mono = time.monotonic()
-        if mono - self._stream_checked >= STREAM_RECHECK:
+        stream, checked = self._streams.get(subject, (None, -math.inf))
+        if mono - checked >= STREAM_RECHECK:
             try:
-                self._stream = await self.js.find_stream_name_by_subject(self.subject)
+                stream = await self.js.find_stream_name_by_subject(subject)
             except nats.js.errors.NotFoundError:
-                self._stream = None
-            self._stream_checked = mono
-        return self._stream
+                stream = None
+            if len(self._streams) > 10_000:  # a `%v` subject per sender: keep the cache bounded
+                self._streams.clear()
+            self._streams[subject] = (stream, mono)
+        return stream
 
     async def publish(self, advisory: dict[str, Any]) -> bool:
-        """JetStream publish (deduplicated by Nats-Msg-Id) when a stream captures the subject, else
-        core publish; retried with backoff, then logged and given up."""
+        """Publish to the advisory's subject (`%s`/`%v` filled in), then log and give up on failure.
+
+        `reliable: true`: a JetStream publish (deduplicated by Nats-Msg-Id), retried with backoff.
+        `reliable: false`: one core publish, as the Go tool does. Unset: JetStream when a stream
+        captures the subject, else core, retried.
+        """
+        subject = advisory_subject(self.subject, advisory["event"], advisory["value"])
         data = json.dumps(advisory, separators=(",", ":")).encode()
         headers = {"Nats-Msg-Id": advisory["event_id"]}
         error: BaseException | None = None
-        for attempt in range(self.retries + 1):
+        retries = 0 if self.reliable is False else self.retries
+        for attempt in range(retries + 1):
             try:
-                stream = await self._capturing_stream()
-                if stream is not None:
-                    await self.js.publish(self.subject, data, headers=headers, timeout=2.0)
+                jetstream = self.reliable or (self.reliable is None and await self._capturing_stream(subject))
+                if jetstream:
+                    await self.js.publish(subject, data, headers=headers, timeout=2.0)
                 else:
-                    await self.nc.publish(self.subject, data, headers=headers)
+                    await self.nc.publish(subject, data, headers=headers)
                     await self.nc.flush(timeout=2)
                 return True
             except (nats.errors.Error, nats.js.errors.Error, TimeoutError, OSError) as err:
                 error = err
-                self._stream_checked = -math.inf
-            if attempt < self.retries:
+                self._streams.pop(subject, None)
+            if attempt < retries:
                 await asyncio.sleep(self.retry_delay(attempt))
         log.error(
             "advisory %s for %r to %s not published after %d retries, dropped: %s",
-            advisory["event"], advisory["value"], self.subject, self.retries, error,
+            advisory["event"], advisory["value"], subject, retries, error,
         )
         return False

@@ -18,12 +18,13 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 import nats.js.errors
 
 from replicator.config.model import Profile
+from replicator.observe.gometrics import Sample
 from replicator.observe.metrics import WorkerMetrics
 from replicator.transport.kv import EXPECT_LAST, WRONG_LAST_SEQUENCE, find_or_create_bucket
 
@@ -51,12 +52,14 @@ def election_bucket(ttl: float) -> str:
 
 
 def election_key(profile: Profile, role: str = "") -> str:
-    """One key per topic, from the durable name every pod of the topic shares.
+    """One key per topic, from the base name every pod of the topic shares (the durable's name,
+    unless `durable` names it otherwise; for a Go-format stream `SR_<name>_<stream>`, the Go
+    tool's own key, so both tools can share its bucket during a migration).
 
     `role` separates elections of one topic, e.g. "advisor" for advising in scaled mode while
     every worker copies.
     """
-    name = re.sub(r"[^A-Za-z0-9_=-]", "_", profile.durable_name)
+    name = re.sub(r"[^A-Za-z0-9_=-]", "_", profile.base_name)
     return f"{name}.{role}" if role else name
 
 
@@ -73,9 +76,14 @@ class LeaderElection:
         metrics: WorkerMetrics | None,
         *,
         op_timeout: float = 2.0,
+        adopt_ttl: bool = False,
     ) -> None:
         if ttl < 1.0:
             raise ValueError("leader election ttl must be at least 1s")
+        # A bucket someone else made (the Go tool's CHORIA_LEADER_ELECTION): use its TTL, not ours.
+        self.adopt_ttl = adopt_ttl
+        # Campaigns per state, as the Go-format metrics count them.
+        self.campaigns = {"candidate": 0, "leader": 0}
         self.js = js
         self.bucket = bucket
         self.stream = f"KV_{bucket}"
@@ -155,9 +163,15 @@ class LeaderElection:
                 await self._notifier
 
     async def _ensure_bucket(self) -> None:
-        info, _ = await find_or_create_bucket(self.js, self.bucket, ttl=self.ttl,
-                                              description="stream-replicator leader election")
+        info, existed = await find_or_create_bucket(self.js, self.bucket, ttl=self.ttl,
+                                                    description="stream-replicator leader election")
         max_age = info.config.max_age or 0.0
+        if existed and self.adopt_ttl and max_age >= 1.0:
+            self.ttl = max_age
+            self.renew_every = max_age / 3
+            self.campaign_every = max_age / 4
+        elif existed and self.adopt_ttl:
+            raise ElectionError(f"election bucket {self.bucket} must expire keys (a TTL of 1s or more)")
         if abs(max_age - self.ttl) > 0.001:
             raise ElectionError(
                 f"election bucket {self.bucket} expires keys after {max_age}s, this election needs "
@@ -183,7 +197,21 @@ class LeaderElection:
         )
         return int(ack.seq)
 
+    def samples(self, identity: str, replicator: str) -> Iterable[Sample]:
+        """Campaigns, leadership and interval, labelled as the Go tool labels its elections."""
+        labels = {"election": self.key, "identity": identity, "replicator": replicator}
+        for state, count in self.campaigns.items():
+            yield "election_campaigns", {**labels, "state": state}, float(count)
+        yield "election_leader", labels, 1.0 if self.is_leader else 0.0
+        yield "election_interval_seconds", labels, self.interval
+
+    @property
+    def interval(self) -> float:
+        """Seconds until the next campaign or renewal."""
+        return self.renew_every if self._leader else self.campaign_every
+
     async def _campaign(self) -> None:
+        self.campaigns["candidate"] += 1
         sent = time.monotonic()
         try:
             self._rev = await self._put(self._rev)
@@ -214,6 +242,7 @@ class LeaderElection:
         self._rev = int(msg.seq or 0) if deleted else 0
 
     async def _renew(self) -> None:
+        self.campaigns["leader"] += 1
         sent = time.monotonic()
         deadline = self._renewed_at + STEP_DOWN * self.ttl
         try:

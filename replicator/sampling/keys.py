@@ -1,4 +1,4 @@
-"""The sender key of a message: a JSON field (dotted path), a header or a subject token."""
+"""The sender key of a message: a JSON field (dotted path), a header, a subject token or the subject."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ def key_spec(settings: TopicConfig) -> str:
         return settings.inspect
     if settings.inspect_header:
         return f"header:{settings.inspect_header}"
+    if settings.inspect_subject_token == -1:
+        return "subject"
     if settings.inspect_subject_token:
         return f"token:{settings.inspect_subject_token}"
     return ""
@@ -92,6 +94,8 @@ def _identify(
             key = _scalar_key(lookup(doc, settings.inspect))
     elif settings.inspect_header:
         key = _header(headers, settings.inspect_header)
+    elif settings.inspect_subject_token == -1:  # the whole subject, as the Go tool's -1
+        key = subject or None
     elif settings.inspect_subject_token:
         tokens = subject.split(".")
         n = settings.inspect_subject_token

@@ -74,6 +74,8 @@ class Limiter:
         # loops): a locked counter increment per message costs more than the skip it counts.
         self.unflushed_skipped = 0
         self.unflushed_passed = 0
+        self.unflushed_skipped_bytes = 0
+        self.unflushed_forced = 0
 
     def due(self, key: str, copied: float, last_size: int, now: float, size: int) -> bool:
         """The sampling rule for a known, live sender: its interval is over or its size moved."""
@@ -106,6 +108,8 @@ class Limiter:
             return True
         now = self.clock()
         size = len(payload)
+        if forced:
+            self.unflushed_forced += 1
         store = self.store
         i = store.live_slot(key, now)
         if i is None:
@@ -125,6 +129,7 @@ class Limiter:
             return True
         store.touch(key, i, now)
         self.unflushed_skipped += 1
+        self.unflushed_skipped_bytes += size
         return False
 
     async def settle(self, pending: Pending) -> bool:
@@ -146,6 +151,7 @@ class Limiter:
             self.unflushed_passed += 1
         else:
             self.unflushed_skipped += 1
+            self.unflushed_skipped_bytes += size
         return result.copy
 
     def _announce(self, key: str) -> None:
@@ -163,6 +169,12 @@ class Limiter:
         if self.unflushed_passed:
             self.metrics.limiter_passed.inc(self.unflushed_passed)
             self.unflushed_passed = 0
+        if self.unflushed_skipped_bytes:
+            self.metrics.limiter_skipped_bytes.inc(self.unflushed_skipped_bytes)
+            self.unflushed_skipped_bytes = 0
+        if self.unflushed_forced:
+            self.metrics.limiter_forced.inc(self.unflushed_forced)
+            self.unflushed_forced = 0
 
     async def should_copy(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool:
         """True: copy it. False: skip it (the copier acks it on the source). Never raises for bad input."""

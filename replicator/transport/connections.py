@@ -32,11 +32,13 @@ class ConnectError(Exception):
 
 
 def material_files(profile: Profile, side: Side) -> MaterialFiles:
-    """The files one side reads: its TLS settings (if any) and its credentials file. A new credential
-    setting (a JWT file, an nkey seed file, URL options naming them) maps onto `MaterialFiles` here;
-    reloading, last-good and the connect callbacks then come with it."""
+    """The files one side reads: its TLS settings (if any) and its credentials: a `.creds` file, or a
+    user JWT file and its nkey seed file (the Go format's `choria: {jwt_file, seed_file}` and
+    `?jwt=&nkey=`). A new credential setting maps onto `MaterialFiles` here; reloading, last-good
+    and the connect callbacks then come with it."""
     tls = profile.tls_for(side)
-    files = MaterialFiles(creds=profile.credentials_for(side))
+    jwt, seed = profile.jwt_for(side) or (None, None)
+    files = MaterialFiles(creds=profile.credentials_for(side), jwt=jwt, seed=seed)
     if tls is None:
         return files
     ca, cert, key = tls.files()
@@ -61,16 +63,17 @@ def load_material(source: MaterialSource, side: str) -> Material:
 
 def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
     """nats-py's connect options. TLS and credentials come from the side's `MaterialSource`: a
-    `Client` from `new_client` asks it again at every (re)connect, so rotated files are used."""
-    settings = profile.settings
-    urls = (settings.source_url if side == "source" else settings.target_url).split(",")
+    `Client` from `new_client` asks it again at every (re)connect, so rotated files are used. The
+    servers are dialled without their query (`?credentials=...&connect_timeout=5s`): the profile
+    reads those options."""
+    urls = list(profile.url_options(side).servers)
     opts: dict[str, Any] = {
         "servers": urls,
         "name": name,
         "allow_reconnect": True,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 1,
-        "connect_timeout": 5,
+        "connect_timeout": profile.connect_timeout_for(side) or 5,
         "ping_interval": 5,
         "max_outstanding_pings": 3,
         "pending_size": 32 * 1024 * 1024,
@@ -84,6 +87,9 @@ def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
         opts.update(material_options(source, side))
         if "tls" in opts:
             opts["servers"] = [u.replace("nats://", "tls://", 1) for u in opts["servers"]]
+    tls = profile.tls_for(side)
+    if tls is not None and tls.handshake_first:
+        opts["tls_handshake_first"] = True
     return opts
 
 

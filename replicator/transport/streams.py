@@ -41,14 +41,21 @@ async def ensure_target_stream(
 ) -> str:
     """The target stream, created from the source's config with subjects rewritten unless told not to."""
     name = settings.target_stream or source_stream
+    rewrite = SubjectRewriter(settings)
     try:
         await target_js.stream_info(name)
         return name
     except NotFoundError:
         if not settings.target_create:
-            raise StreamSetupError(f"target stream {name!r} does not exist and target_create is false") from None
+            # Not ours to create: whichever stream captures the copies will do (the Go tool's
+            # `no_target_create` never names one).
+            subject = rewrite(settings.topic)
+            try:
+                return await target_js.find_stream_name_by_subject(subject)
+            except NotFoundError:
+                raise StreamSetupError(f"target stream {name!r} does not exist, no target stream captures "
+                                       f"{subject!r}, and target_create is false") from None
     source_cfg = (await source_js.stream_info(source_stream)).config
-    rewrite = SubjectRewriter(settings)
     subjects = [rewrite(s) for s in (source_cfg.subjects or [settings.topic])]
     cfg = replace(
         source_cfg,

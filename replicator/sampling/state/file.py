@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from typing import Any
 from replicator.config.model import TopicConfig
 from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.state.memory import MemoryStore
-from replicator.sampling.state.records import PERSISTED, Sender
+from replicator.sampling.state.records import ANNOUNCED, PERSISTED, Sender
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,32 @@ def load_state_file(path: Path) -> dict[str, Sender]:
             float(first), float(seen), float(copied), int(size), float(adv), int(flags) & PERSISTED
         )
     return out
+
+
+def load_go_state_file(path: Path) -> dict[str, Sender]:
+    """Senders from the Go Stream Replicator's state file (`{"Items": {value: {seen, copied, advised,
+    size}}}`), so taking over from it does not forward the whole fleet again. Its senders were
+    announced already; an `advised` one had its `timeout` advisory."""
+    doc = json.loads(path.read_text())
+    items = doc.get("Items") if isinstance(doc, dict) else None
+    if not isinstance(items, dict):
+        raise ValueError(f"{path} is neither a {FILE_FORMAT} file nor the Go tool's state file")
+    out: dict[str, Sender] = {}
+    for key, item in items.items():
+        seen = _go_time(item.get("seen"))
+        if not key or seen <= 0:
+            continue
+        out[key] = Sender(first=seen, seen=seen, copied=max(0.0, _go_time(item.get("copied"))),
+                          size=int(float(item.get("size") or 0)), adv=seen if item.get("advised") else 0.0,
+                          flags=ANNOUNCED)
+    return out
+
+
+def _go_time(value: object) -> float:
+    """A Go time.Time in JSON (RFC 3339, nanoseconds) as unix seconds; the zero time is 0."""
+    if not isinstance(value, str) or value.startswith("0001-01-01"):
+        return 0.0
+    return dt.datetime.fromisoformat(value).timestamp()
 
 
 def _write_atomically(path: Path, data: dict[str, Any]) -> None:
@@ -93,8 +120,12 @@ class FileStore(MemoryStore):
         if not self.path.exists():
             return
         try:
-            senders = await asyncio.to_thread(load_state_file, self.path)
-        except (OSError, ValueError, TypeError, KeyError) as err:
+            try:
+                senders = await asyncio.to_thread(load_state_file, self.path)
+            except ValueError:
+                senders = await asyncio.to_thread(load_go_state_file, self.path)
+                log.info("limiter state %s is the Go Stream Replicator's: imported", self.path)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
             log.error("limiter state %s unreadable, starting empty: %s", self.path, err)
             self.metrics.limiter_state_errors.inc()
             return
