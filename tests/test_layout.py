@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"observe"},
     {"transport"},
     {"sampling"},
-    {"copier", "fleet_health"},
+    {"copier", "fleet_health", "heartbeats"},
     {"service"},
     {"demo"},
     {"cli"},

@@ -1,7 +1,8 @@
 """`stream-replicator`: the entry point; each command lives in its own module.
 
 The legacy form `stream-replicator --config sr.yaml --topic cmdb` still works: with no subcommand,
-`run` is implied. Config errors exit with status 2 and a message naming the key and the file.
+`run` is implied. The Go Stream Replicator's `stream-replicator [--debug] replicate --config FILE`
+works too. Config errors exit with status 2 and a message naming the key and the file.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from replicator.cli import advisories, report, run, state
+from replicator.cli import advisories, replicate, report, run, state
 from replicator.cli.common import EXIT_CONFIG
 from replicator.config.errors import ConfigError
 from replicator.demo import embedded as demo
 from replicator.fleet_health import cli as fleet_health
 from replicator.transport.connections import ConnectError
 
-SUBCOMMANDS = ("run", "demo", "report", "advisories", "state", "fleet-health")
+SUBCOMMANDS = ("run", "replicate", "demo", "report", "advisories", "state", "fleet-health")
+DEBUG_FLAG = "--debug"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run.add_arguments(sub.add_parser("run", help="replicate one topic profile until SIGTERM/SIGINT"))
+    replicate.add_arguments(sub.add_parser("replicate", help="replicate every profile (or stream) of a config "
+                                                             "file in one process, as the Go tool does"))
     report.add_arguments(sub.add_parser("report", help="replication report per topic: streams, consumer, lag, "
                                                        "last active"))
     advisories.add_arguments(sub.add_parser("advisories", help="show (or --follow) a topic's advisories"))
@@ -39,9 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _normalise(argv: list[str]) -> list[str]:
-    """No subcommand means `run` (the legacy command line)."""
+    """No subcommand means `run` (the legacy command line); a leading `--debug` (the Go tool's
+    global flag, `stream-replicator --debug replicate ...`) moves behind the subcommand."""
+    debug = False
+    while argv and argv[0] == DEBUG_FLAG:
+        argv, debug = argv[1:], True
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
-        return ["run", *argv]
+        argv = ["run", *argv]
+    if debug and argv and argv[0] in ("run", "replicate"):
+        argv = [argv[0], DEBUG_FLAG, *argv[1:]]
     return argv
 
 
@@ -52,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
-    handlers = {"run": run.run, "report": report.run, "advisories": advisories.run, "state": state.run}
+    handlers = {"run": run.run, "replicate": replicate.run, "report": report.run, "advisories": advisories.run,
+                "state": state.run}
     try:
         if args.command == "demo":
             return demo.run_from_args(args)

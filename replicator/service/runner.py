@@ -56,6 +56,7 @@ class Replicator:
     metrics: Metrics = field(default_factory=Metrics)
     stopper: Stopper = field(default_factory=Stopper)
     monitor_port: int | None = None
+    serve_monitor: bool = True  # False when the process serves one monitor for all its profiles
 
     def __post_init__(self) -> None:
         self.workers = [WorkerState(name) for name in self.profile.worker_names()]
@@ -89,7 +90,7 @@ class Replicator:
         if settings.source_cluster_id or settings.target_cluster_id:
             log.warning("source_cluster_id/target_cluster_id are NATS Streaming settings: used only in "
                         "default names, otherwise ignored")
-        if self.monitor_port is not None:
+        if self.serve_monitor and self.monitor_port is not None:
             self.monitor = MonitorServer(self.metrics.registry, self.readiness, self.monitor_port)
             await self.monitor.start()
             log.info("monitor on port %d: /metrics /healthz /readyz", self.monitor.port)

@@ -59,15 +59,17 @@ class SamplingPlane:
             plane.store = await open_store(profile, js, metrics[0])
         if settings.advisory:
             publish_nc = plane.control if settings.advisory.cluster == "source" else target
+            replicator = profile.replicator if settings.advisory.format == "v2" else profile.metrics_name
             plane.advisor = Advisor(profile, plane.store, publish_nc, metrics[0],  # type: ignore[arg-type]
-                                    replicator_name=profile.metrics_name)
+                                    replicator_name=replicator)
             await plane.advisor.start()
         if elect:
             identity = f"{socket.gethostname()}:{os.getpid()}:{profile.instance or '-'}"
             role = "" if settings.leader_election else "advisor"
-            plane.election = LeaderElection(js, election_bucket(settings.leader_election_ttl),
-                                            election_key(profile, role), identity,
-                                            settings.leader_election_ttl, metrics[0])
+            bucket = settings.leader_election_bucket or election_bucket(settings.leader_election_ttl)
+            plane.election = LeaderElection(js, bucket, election_key(profile, role), identity,
+                                            settings.leader_election_ttl, metrics[0],
+                                            adopt_ttl=bool(settings.leader_election_bucket))
             if plane.advisor is not None:
                 plane.election.on_change(plane.advisor.set_active)
             await plane.election.start()
