@@ -59,6 +59,7 @@ async def run(args: argparse.Namespace) -> int:
         profile.check_files()
     check_heartbeat_files(config, str(args.config))
     start_logging(config, debug=args.debug)
+    log.debug("%s: %s format, profiles %s", args.config, config.dialect, ", ".join(p.profile for p in profiles))
     with pid_file(args.pid):
         process = ReplicatorProcess(config, profiles, monitor_port=args.monitor)
         process.install_signals()

@@ -101,11 +101,10 @@ class ReplicatorProcess:
             try:
                 # One profile failing for good (TLS, credentials) stops them all: a supervisor restarts
                 # the process, and a half-running process would hide the problem.
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-                failed = next((t for t in done if t.exception() is not None), None)
-                if failed is not None:
-                    self.stop()
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             finally:
+                if not all(t.done() for t in tasks):  # a failure, or we were cancelled: stop the rest
+                    self.stop()
                 results = await asyncio.gather(*tasks, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):

@@ -53,8 +53,12 @@ def scan_interval(settings: TopicConfig) -> float:
 
 
 def limiter_bucket(profile: Profile) -> str:
-    """The KV bucket of a topic: named after the consumer every worker and pod shares."""
-    return "SR_LIMITER_" + re.sub(r"[^A-Za-z0-9_-]", "_", profile.consumer_name)
+    """The KV bucket of a topic: named after what every worker and pod of it shares, the group
+    (scaled) or the base name (ordered; the durable's name unless `durable` renames it, as a
+    Go-format stream's `SR_<name>` does: its base name `SR_<name>_<stream>` keeps two streams
+    with the same name apart)."""
+    shared = profile.base_name if profile.settings.ordered else profile.consumer_name
+    return "SR_LIMITER_" + re.sub(r"[^A-Za-z0-9_-]", "_", shared)
 
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_/-][A-Za-z0-9_/=-]*(\.[A-Za-z0-9_/=-]+)*$")

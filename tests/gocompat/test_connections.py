@@ -1,0 +1,128 @@
+"""The Go format's connection settings against real servers: `choria: {jwt_file, seed_file}` (a NATS
+user JWT and its nkey seed), `?jwt=&nkey=` and `?credentials=` in URLs, all against a server in
+operator mode (operator, account and user JWTs); and the URL's TLS options against a TLS server
+that wants the handshake first and has a certificate we were given no CA for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from replicator.config import Profile, parse_config
+from replicator.demo.local_nats import LocalNatsServer
+from replicator.service.process import ReplicatorProcess
+from replicator.transport.connections import ConnectError
+from tests.support.certs import CertificateAuthority, write_server
+from tests.support.faults import read_stream, wait_count
+from tests.support.nats_jwt import Decentralised, Key
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def operator_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNatsServer, Decentralised, Path]]:
+    auth = Decentralised.create()
+    files = tmp_path_factory.mktemp("jwt")
+    server = LocalNatsServer(name="jwt", store_dir=tmp_path_factory.mktemp("jwt-js"), extra_config=auth.server_config())
+    server.start()
+    (files / "user.jwt").write_text(auth.user_jwt() + "\n")
+    (files / "user.nk").write_text(auth.user.seed.decode() + "\n")
+    (files / "user.nk").chmod(0o600)
+    auth.write_creds(files / "user.creds")
+    (files / "other.nk").write_text(Key.create("user").seed.decode())
+    yield server, auth, files
+    server.close()
+
+
+async def _replicate(config: dict[str, Any]) -> None:
+    parsed = parse_config(config, "go.yaml")
+    process = ReplicatorProcess(parsed, [Profile(parsed, p, source="go.yaml") for p in parsed.topics])
+    await process.run()
+
+
+@pytest.mark.parametrize("how", ["choria", "url-jwt", "url-credentials"])
+async def test_jwt_and_credentials_settings_authenticate(operator_mode: tuple[LocalNatsServer, Decentralised, Path],
+                                                         how: str) -> None:
+    server, _, files = operator_mode
+    stream = f"JWT_{how.replace('-', '_').upper()}"
+    root = stream.lower()
+    url = server.url
+    top: dict[str, Any] = {}
+    if how == "choria":
+        top["choria"] = {"jwt_file": str(files / "user.jwt"), "seed_file": str(files / "user.nk"),
+                         "collective": "choria"}
+    elif how == "url-jwt":
+        url += f"?jwt={files / 'user.jwt'}&nkey={files / 'user.nk'}"
+    else:
+        url += f"?credentials={files / 'user.creds'}"
+    nc = await nats.connect(server.url, user_credentials=str(files / "user.creds"))
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=stream, subjects=[f"{root}.>"]))
+        for i in range(30):
+            await js.publish(f"{root}.x", str(i).encode())
+        config = {"name": "SITE", **top, "streams": [{"stream": stream, "target_stream": f"{stream}_COPY",
+                                                       "target_subject_prefix": "copy", "source_url": url,
+                                                       "target_url": url}]}
+        task = asyncio.ensure_future(_replicate(config))
+        try:
+            assert await wait_count(nc, f"{stream}_COPY", 30, 20) is not None
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert [m.data for m in await read_stream(nc, f"{stream}_COPY")] == [str(i).encode() for i in range(30)]
+    finally:
+        await nc.close()
+
+
+async def test_a_seed_that_does_not_match_the_jwt_fails_at_once(
+        operator_mode: tuple[LocalNatsServer, Decentralised, Path]) -> None:
+    server, _, files = operator_mode
+    config = {"name": "SITE", "choria": {"jwt_file": str(files / "user.jwt"), "seed_file": str(files / "other.nk")},
+              "streams": [{"stream": "NOPE", "source_url": server.url, "target_url": server.url}]}
+    with pytest.raises(ConnectError, match="refused the credentials") as err:
+        await asyncio.wait_for(_replicate(config), 30)
+    assert "SU" not in str(err.value)  # no seed in the message
+
+
+async def test_url_tls_options_handshake_first_and_insecure(tmp_path: Path) -> None:
+    ca = CertificateAuthority.create("unknown-to-the-replicator")
+    tls = write_server(ca, tmp_path / "tls", "server")
+    server = LocalNatsServer(name="tls-first", store_dir=tmp_path / "js", scheme="tls", extra_config=(
+        f'tls {{\n  cert_file: "{tls.cert}"\n  key_file: "{tls.key}"\n  handshake_first: true\n  timeout: 2\n}}\n'))
+    server.start()
+    try:
+        url = f"nats://127.0.0.1:{server.port}?tls_handshake_first=true&insecure=true&connect_timeout=3s"
+        config = {"name": "SITE", "streams": [{"stream": "TLSFIRST", "target_stream": "TLSFIRST_COPY",
+                                               "target_subject_prefix": "copy", "source_url": url,
+                                               "target_url": url}]}
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=str(tls.ca))
+        nc = await nats.connect(f"tls://127.0.0.1:{server.port}", tls=ctx, tls_handshake_first=True)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(StreamConfig(name="TLSFIRST", subjects=["tlsfirst.>"]))
+            for i in range(10):
+                await js.publish("tlsfirst.x", str(i).encode())
+            task = asyncio.ensure_future(_replicate(config))
+            try:
+                assert await wait_count(nc, "TLSFIRST_COPY", 10, 20) is not None
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            # Without `insecure`, the server's certificate (from a CA we were not given) is refused.
+            strict = {**config, "streams": [{**config["streams"][0],  # type: ignore[index]
+                                             "source_url": url.replace("&insecure=true", "")}]}
+            with pytest.raises(ConnectError, match="cannot verify the server's certificate"):
+                await asyncio.wait_for(_replicate(strict), 30)
+        finally:
+            await nc.close()
+    finally:
+        server.close()
