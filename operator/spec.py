@@ -22,6 +22,8 @@ DEFAULTS: dict[str, Any] = {
     "target.credentialsSecret.key": "user.creds",
     "target.create": True,
     "advisory.cluster": "target",
+    "heartbeats.cluster": "source",
+    "heartbeats.interval": "10s",
     "fleetHealth.suspend": False,
     "fleetHealth.kvBucket": "FLEET_HEALTH",
     "monitoring": {},
@@ -94,6 +96,24 @@ class Advisory:
 
 
 @dataclass(frozen=True)
+class HeartbeatSubject:
+    subject: str
+    interval: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HeartbeatsSpec:
+    """Heartbeats published with one side's URL, credentials and TLS Secret."""
+
+    subjects: list[HeartbeatSubject]
+    cluster: Side = "source"
+    interval: str = "10s"
+    leader_election: bool | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ServiceMonitorSpec:
     enabled: bool = False
     interval: str | None = None
@@ -124,6 +144,7 @@ class ReplicationSpec:
     sampling: Sampling | None
     advisory: Advisory | None
     fleet_health: FleetHealth | None
+    heartbeats: HeartbeatsSpec | None
     image: str | None
     resources: dict[str, Any] | None
     node_selector: dict[str, str]
@@ -247,6 +268,21 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
             subject=str(a["subject"]), cluster=_get(data, "advisory.cluster"), age=a.get("age")
         )
 
+    heartbeats = None
+    if data.get("heartbeats"):
+        hb = data["heartbeats"]
+        subjects = [HeartbeatSubject(subject=str(s["subject"]), interval=s.get("interval"),
+                                     headers={str(k): str(v) for k, v in (s.get("headers") or {}).items()})
+                    for s in hb.get("subjects") or [] if isinstance(s, Mapping) and s.get("subject")]
+        if not subjects:
+            raise SpecError("spec.heartbeats.subjects needs at least one subject")
+        heartbeats = HeartbeatsSpec(
+            subjects=subjects, cluster=_get(data, "heartbeats.cluster"),
+            interval=str(_get(data, "heartbeats.interval")),
+            leader_election=hb.get("leaderElection"),
+            headers={str(k): str(v) for k, v in (hb.get("headers") or {}).items()},
+        )
+
     fleet = None
     if data.get("fleetHealth"):
         f = data["fleetHealth"]
@@ -290,6 +326,7 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
         sampling=sampling,
         advisory=advisory,
         fleet_health=fleet,
+        heartbeats=heartbeats,
         image=data.get("image"),
         resources=data.get("resources"),
         node_selector=dict(data.get("nodeSelector") or {}),

@@ -122,11 +122,36 @@ def build_worker_config(
         if tls:
             topic[f"{side}_tls"] = tls
 
-    return {
+    config: dict[str, Any] = {
         "log_format": "json",
         "state_dir": naming.STATE_DIR,
         "topics": {naming.profile(spec.resource_name): topic},
     }
+    if spec.heartbeats:
+        config["name"] = spec.name  # every pod's heartbeat election key: SR_<name>_HB
+        config["heartbeats"] = heartbeats_settings(spec, topic)
+    return config
+
+
+def heartbeats_settings(spec: ReplicationSpec, topic: Mapping[str, Any]) -> dict[str, Any]:
+    """The worker's `heartbeats`, published with the chosen side's URL, credentials and TLS files."""
+    hb = spec.heartbeats
+    assert hb is not None
+    side = hb.cluster
+    election = hb.leader_election if hb.leader_election is not None else spec.replicas > 1
+    out: dict[str, Any] = {
+        "url": spec.endpoint(side).url,
+        "interval": hb.interval,
+        "leader_election": election,
+        "headers": dict(hb.headers),
+        "subjects": [{"subject": s.subject, "headers": dict(s.headers), **({"interval": s.interval} if s.interval
+                                                                            else {})} for s in hb.subjects],
+    }
+    if f"{side}_credentials" in topic:
+        out["credentials"] = topic[f"{side}_credentials"]
+    if f"{side}_tls" in topic:
+        out["tls"] = topic[f"{side}_tls"]
+    return out
 
 
 def render(config: Mapping[str, Any]) -> str:
