@@ -3,7 +3,7 @@
 - every relative Markdown link in README.md and docs/*.md resolves to a file (and to a heading
   when it has an `#anchor`, with GitHub's slugs);
 - every key the config model accepts is documented in docs/configuration.md, and every key
-  documented there is accepted;
+  documented there is accepted: the model's (legacy format) and the Go Stream Replicator format's;
 - README.md stays short and starts with the two set-up commands.
 """
 
@@ -19,6 +19,8 @@ import pytest
 from pydantic import BaseModel
 
 from replicator.config import AdvisoryConfig, Config, TLSConfig, TopicConfig
+from replicator.config.goformat import GoAdvisory, GoChoria, GoConfig, GoHeartbeats, GoHeartbeatSubject, GoStream, GoTLS
+from replicator.config.model import HeartbeatsConfig, HeartbeatSubject
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -135,8 +137,14 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "Global keys": Config,
     "Topic keys": TopicConfig,
     "TLS settings": TLSConfig,
+    "Heartbeats": HeartbeatsConfig,
+    "Go format: top-level keys": GoConfig,
+    "Go format: stream keys": GoStream,
+    "Go format: heartbeats": GoHeartbeats,
 }
-MODELS: tuple[type[BaseModel], ...] = (Config, TopicConfig, TLSConfig, AdvisoryConfig)
+MODELS: tuple[type[BaseModel], ...] = (Config, TopicConfig, TLSConfig, AdvisoryConfig, HeartbeatsConfig,
+                                       HeartbeatSubject, GoConfig, GoStream, GoTLS, GoChoria, GoAdvisory,
+                                       GoHeartbeats, GoHeartbeatSubject)
 KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -146,9 +154,11 @@ def accepted_keys(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def nested_model(annotation: Any) -> type[BaseModel] | None:
-    """The model inside `X`, `X | None`, `Optional[X]`; None for anything else."""
+    """The model inside `X`, `X | None`, `Optional[X]`, `list[X]`; None for anything else."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
+    if get_origin(annotation) is list:
+        return nested_model(get_args(annotation)[0])
     if get_origin(annotation) in (Union, UnionType):
         models = [m for m in map(nested_model, get_args(annotation)) if m is not None]
         return models[0] if len(models) == 1 else None
@@ -226,6 +236,9 @@ def test_the_key_table_parser_sees_nested_models() -> None:
     documented, _ = documented_keys()
     assert {"target", "cluster", "age"} <= documented[AdvisoryConfig]
     assert "advisory" in documented[TopicConfig]
+    assert nested_model(accepted_keys(GoHeartbeats)["subjects"]) is GoHeartbeatSubject
+    assert {"subject", "interval", "headers"} <= documented[GoHeartbeatSubject]
+    assert {"ca", "cert", "key"} <= documented[GoTLS] and "collective" in documented[GoChoria]
 
 
 # --------------------------------------------------------------------------------------------------
