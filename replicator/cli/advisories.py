@@ -48,6 +48,18 @@ def _iso(ts: Any) -> str:
         return "-"
 
 
+def subject_filter(template: str) -> str:
+    """The subjects a templated advisory subject (`adv.%s.%v`) publishes to: `%s` is one token, a
+    value may hold dots, so everything from the `%v` token on is `>`."""
+    tokens = template.split(".")
+    for i, token in enumerate(tokens):
+        if "%v" in token:
+            return ".".join([*tokens[:i], ">"])
+        if "%s" in token:
+            tokens[i] = "*"
+    return ".".join(tokens)
+
+
 def format_line(doc: dict[str, Any]) -> str:
     return (
         f"{_iso(doc.get('timestamp'))}  {doc.get('event', '?'):<8} {doc.get('value', '?')}  "
@@ -107,14 +119,15 @@ async def run(args: argparse.Namespace) -> int:
         print(f"cannot connect to the {advisory.cluster} cluster: {reason}", file=sys.stderr)
         return 1
     printer = _Printer(args)
+    subject = subject_filter(advisory.target)
     try:
         js = nc.jetstream()
         try:
-            stream: str | None = await js.find_stream_name_by_subject(advisory.target)
+            stream: str | None = await js.find_stream_name_by_subject(subject)
         except nats.js.errors.NotFoundError:
             stream = None
         if stream is None and not args.follow:
-            print(f"no stream on the {advisory.cluster} cluster stores {advisory.target}: nothing to show "
+            print(f"no stream on the {advisory.cluster} cluster stores {subject}: nothing to show "
                   f"(use --follow to watch advisories as they are published)", file=sys.stderr)
             return 1
         if stream is None:
@@ -124,10 +137,10 @@ async def run(args: argparse.Namespace) -> int:
             async def live(msg: Msg) -> None:
                 printer(msg.data)
 
-            await nc.subscribe(advisory.target, cb=live)
+            await nc.subscribe(subject, cb=live)
             await _until_interrupted()
             return 0
-        await _read_stream(js, stream, advisory.target, args, printer)
+        await _read_stream(js, stream, subject, args, printer)
         return 0
     except (OSError, nats.errors.Error) as err:
         print(f"reading advisories failed: {err or type(err).__name__}", file=sys.stderr)

@@ -9,12 +9,16 @@ import functools
 import json
 import re
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 from nats.js.api import StreamConfig
 
+from replicator.cli import advisories as advisories_command
+from replicator.cli.main import build_parser
 from tests.gocompat.conftest import Rig, scrape
 
 pytestmark = pytest.mark.timeout(90)
@@ -62,7 +66,8 @@ def families(text: str) -> dict[str, tuple[str, list[dict[str, str]]]]:
 
 
 @pytest.mark.parametrize("reliable", [True, False], ids=["reliable", "core"])
-async def test_v2_advisories_and_the_go_metric_families(rig: Rig, reliable: bool) -> None:
+async def test_v2_advisories_and_the_go_metric_families(rig: Rig, reliable: bool, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     src = rig.name("ADV")
     root = src.lower()
     await rig.sjs.add_stream(StreamConfig(name=src, subjects=[f"{root}.>"]))
@@ -110,6 +115,14 @@ async def test_v2_advisories_and_the_go_metric_families(rig: Rig, reliable: bool
     if reliable:
         stored = await rig.read(f"{src}_ADVISORIES", rig.source)
         assert sorted(m.subject for m in stored) == sorted(subjects)
+        # `stream-replicator advisories` finds them behind the templated subject.
+        path = tmp_path / "sr.yaml"
+        path.write_text(yaml.safe_dump(config))
+        capsys.readouterr()
+        args = build_parser().parse_args(["advisories", "--config", str(path), "--topic", f"{src}_SITE", "--json"])
+        assert await advisories_command.run(args) == 0
+        shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [(d["event"], d["value"]) for d in shown] == [(d["event"], d["value"]) for _, d, _ in seen]
 
     found = families(text)
     missing = sorted(set(GO_TOOL_METRICS) - set(found))

@@ -92,3 +92,31 @@ async def test_expired_senders_are_not_loaded(tmp_path: Path, clock: FakeClock) 
     finally:
         await store2.close()
     await asyncio.sleep(0)
+
+
+async def test_the_go_replicators_state_file_is_imported(tmp_path: Path, clock: FakeClock) -> None:
+    """Taking over a Go-format stream's `state_store` file: its senders are not forwarded again, an
+    advised one gets its `recover`, and the file is rewritten in our format."""
+    import datetime as dt
+
+    def go_time(seconds_ago: float) -> str:
+        stamp = dt.datetime.fromtimestamp(clock() - seconds_ago, dt.UTC)
+        return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond:06d}123Z"  # Go's nanoseconds
+
+    profile = make_profile(tmp_path, limiter_state="file", age=60)
+    profile.state_file().write_text(json.dumps({"Items": {
+        "n1": {"seen": go_time(10), "copied": go_time(10), "size": 31.0},
+        "n2": {"seen": go_time(40), "copied": go_time(40), "advised": True, "size": 31.0},
+        "old": {"seen": go_time(600), "copied": "0001-01-01T00:00:00Z", "size": 5.0},
+    }, "Mutex": {}}))
+    metrics = worker_metrics()
+    store = await open_store(profile, None, metrics, clock=clock)  # type: ignore[arg-type]
+    try:
+        assert sorted(store.keys()) == ["n1", "n2"]  # the expired one is dropped
+        n2 = store.get("n2")
+        assert n2 is not None and n2.announced and n2.adv == n2.seen
+        limiter = Limiter(profile.settings, store, metrics, clock=clock)
+        assert not await limiter.should_copy("acme.cmdb", None, body("n1"))
+    finally:
+        await store.close()
+    assert json.loads(profile.state_file().read_text())["format"] == FILE_FORMAT
