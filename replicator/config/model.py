@@ -201,6 +201,10 @@ class TopicConfig(Strict):
             raise ValueError("advisory needs a sampling key (inspect, inspect_header or inspect_subject_token)")
         if self.limiter_state == "kv" and not keys:
             raise ValueError("limiter_state 'kv' needs a sampling key")
+        for key in ("durable", "ephemeral"):
+            if getattr(self, key) and not self.ordered:
+                raise ValueError(f"{key} is for ordered mode (one worker, not queued); scaled mode's consumer "
+                                 "is queue_group")
         for side in ("source", "target"):
             jwt, seed = getattr(self, f"{side}_jwt_file"), getattr(self, f"{side}_seed_file")
             if bool(jwt) != bool(seed):

@@ -22,7 +22,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from replicator.config.model import Config, HeartbeatsConfig, Profile, TopicConfig
+from replicator.config.model import Config, HeartbeatsConfig, Profile, TopicConfig, redact_url
 from replicator.observe.gometrics import Sample
 from replicator.sampling.election import LeaderElection, election_bucket, election_key
 from replicator.transport.connections import connect
@@ -96,7 +96,7 @@ class Heartbeats:
                 headers = self.headers_for(s.subject, s.headers)
                 self._tasks.append(asyncio.create_task(self._beat(js, s.subject, interval, headers),
                                                        name=f"heartbeat-{s.subject}"))
-            log.info("heartbeats to %s on %d subject(s)%s", self.profile.url_options("source").servers[0],
+            log.info("heartbeats to %s on %d subject(s)%s", redact_url(self.profile.url_options("source").servers[0]),
                      len(self._tasks), " under leader election" if self.election else "")
             await self._stop.wait()
         finally:

@@ -253,3 +253,6 @@ def test_warnings_for_keys_that_cannot_apply() -> None:
     assert settings.start_at_end and not settings.start_sequence and not settings.sampling
     with pytest.raises(ConfigError, match="at least one stream"):
         parse_config({"name": "SITE", "streams": []}, "sr.yaml")
+    legacy = {"topic": "a.b", "source_url": "nats://a:1", "target_url": "nats://b:1", "workers": 2}
+    with pytest.raises(ConfigError, match=r"topics\.t: ephemeral is for ordered mode"):
+        parse_config({"topics": {"t": {**legacy, "ephemeral": True}}}, "sr.yaml")
