@@ -229,7 +229,10 @@ class Advisor:
             return "expire" if settled else None
         if not sender.announced:
             return "new"
-        if sender.adv > 0 and sender.seen > sender.adv:
+        if sender.adv > 0 and sender.seen - sender.adv >= self.grace:
+            # Back after a timeout: a real return comes at least the advisory age after the timed-out
+            # last-seen time; a difference below the store's resolution is the KV's millisecond
+            # rounding of a time this process holds exactly, not a message.
             return "recover"
         if sender.adv == 0 and self.timeout_age is not None and silent >= self.timeout_age and settled:
             return "timeout"

@@ -46,8 +46,12 @@ async def test_start_options_and_max_age(rig: Rig) -> None:
     }
     streams = [rig.stream(src, name=name, target_stream=f"{src}_{name}", target_subject_prefix=name.lower(),
                           **settings) for name, settings in cases.items()]
-    async with rig.replicating(rig.config(*streams)):
+    async with rig.replicating(rig.config(*streams)) as process:
         assert await rig.wait_count(f"{src}_AGE", 5) == 5
+        for _ in range(200):  # every consumer made (start_at_end starts from its creation)
+            if process.readiness()[0]:
+                break
+            await asyncio.sleep(0.05)
         for i in range(11, 13):
             await rig.sjs.publish(f"{root}.later", f"later {i}".encode())
         assert await rig.wait_count(f"{src}_END", 2) == 2

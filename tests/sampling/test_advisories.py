@@ -13,7 +13,7 @@ from nats.js.api import DiscardPolicy, StreamConfig
 from replicator.sampling.advisories import Advisor, build_advisory, event_id
 from replicator.sampling.limiter import Limiter
 from replicator.sampling.state.memory import MemoryStore
-from replicator.sampling.state.records import Sender
+from replicator.sampling.state.records import ANNOUNCED, Sender
 from tests.sampling.helpers import (
     FakeClock,
     body,
@@ -222,3 +222,15 @@ async def test_an_unrecorded_advisory_is_not_published_again(target_nc: Client, 
         await asyncio.sleep(0.1)
     assert len(received) == 1
     assert value(rig.metrics.advisories["new"]) == 1
+
+
+async def test_a_rounded_last_seen_time_is_not_a_recover(target_nc: Client, clock: FakeClock) -> None:
+    """The KV keeps times to the millisecond, the cache exactly: a timed-out sender whose last-seen
+    time came back rounded up is still silent, not back."""
+    async with Rig(target_nc, clock) as rig:
+        seen = clock.now - 4.9994  # rounds up to the millisecond
+        assert round(seen, 3) > seen
+        assert rig.advisor.next_event(Sender(first=seen, seen=round(seen, 3), copied=seen, size=1,
+                                             adv=seen, flags=ANNOUNCED), clock.now) is None
+        assert rig.advisor.next_event(Sender(first=seen, seen=clock.now, copied=seen, size=1, adv=seen,
+                                             flags=ANNOUNCED), clock.now) == "recover"
