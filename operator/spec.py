@@ -271,6 +271,8 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
     heartbeats = None
     if data.get("heartbeats"):
         hb = data["heartbeats"]
+        if not isinstance(hb, Mapping):
+            raise SpecError("spec.heartbeats must be an object with a subjects list")
         subjects = [HeartbeatSubject(subject=str(s["subject"]), interval=s.get("interval"),
                                      headers={str(k): str(v) for k, v in (s.get("headers") or {}).items()})
                     for s in hb.get("subjects") or [] if isinstance(s, Mapping) and s.get("subject")]

@@ -68,7 +68,7 @@ def test_the_crd_accepts_each_engine() -> None:
     ({"engine": "replicator"}, engine.REPLICATOR, engine.REQUESTED, False),
     ({"sampling": {"inspect": "sender", "age": "5m"}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
     ({"maxAge": "1h"}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
-    ({"heartbeats": [{"subject": "hb"}]}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
+    ({"heartbeats": {"subjects": [{"subject": "hb"}]}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
     ({"target": {"subjectRemove": "fleet."}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
     ({"source": {}}, engine.REPLICATOR, engine.NO_ROUTE, False),
     ({"engine": "native", "maxAge": "1h"}, engine.NATIVE, engine.NATIVE_UNSUPPORTED, True),
