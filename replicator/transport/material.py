@@ -202,11 +202,18 @@ def _user(data: Mapping[str, bytes], where: Mapping[str, str]) -> UserIdentity |
                                                 "incomplete?)")
         return _identity(seed, where["creds"], jwt, where["creds"])
     if "seed" in data:  # a seed file, with a JWT file (decentralised auth) or alone (nkey auth)
-        jwt = data["jwt"].strip() if "jwt" in data else None
-        return _identity(data["seed"].strip(), where["seed"], jwt, where.get("jwt"))
+        jwt = _undecorated(data["jwt"], "NATS USER JWT") if "jwt" in data else None
+        return _identity(_undecorated(data["seed"], "USER NKEY SEED"), where["seed"], jwt, where.get("jwt"))
     if "jwt" in data:
         raise MaterialError(where["jwt"], "a user JWT needs its nkey seed")
     return None
+
+
+def _undecorated(data: bytes, kind: str) -> bytes:
+    """A JWT or seed file may be bare or armoured like a `.creds` file (the Go client's
+    `UserCredentials(jwtFile, seedFile)` takes both, so Go-format configs may name either)."""
+    blocks = {k.decode(): body for k, body in _BLOCK.findall(data)}
+    return blocks.get(kind, data).strip()
 
 
 def _identity(seed: bytes, seed_where: str, jwt: bytes | None, jwt_where: str | None) -> UserIdentity:
@@ -282,8 +289,8 @@ class MaterialSource:
         self._checked_at = time.monotonic()
         with self._lock:
             stamps = {role: _stamp(path) for role, path in paths.items()}
-            if stamps == self._stamps or stamps == self._failed:
-                return False
+            if (self._material is not None and stamps == self._stamps) or stamps == self._failed:
+                return False  # (a first check always builds: TLS with no files at all is material too)
             try:
                 data = {role: _read(path) for role, path in paths.items()}
                 digests = {role: hashlib.sha256(content).digest() for role, content in data.items()}

@@ -6,12 +6,16 @@ that wants the handshake first and has a certificate we were given no CA for."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
+from nats.aio.client import RawCredentials
 from nats.js.api import StreamConfig
 
 from replicator.config import Profile, parse_config
@@ -86,9 +90,59 @@ async def test_a_seed_that_does_not_match_the_jwt_fails_at_once(
     server, _, files = operator_mode
     config = {"name": "SITE", "choria": {"jwt_file": str(files / "user.jwt"), "seed_file": str(files / "other.nk")},
               "streams": [{"stream": "NOPE", "source_url": server.url, "target_url": server.url}]}
-    with pytest.raises(ConnectError, match="refused the credentials") as err:
+    with pytest.raises(ConnectError, match=r"user\.jwt: the user JWT belongs to another nkey than the seed") as err:
         await asyncio.wait_for(_replicate(config), 30)
     assert "SU" not in str(err.value)  # no seed in the message
+
+
+def _users_of(server: LocalNatsServer, prefix: str) -> set[str]:
+    """The NATS users (public nkeys) the replicator's connections are signed in as."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/connz?auth=true", timeout=5) as reply:
+        connections = json.load(reply)["connections"]
+    return {c.get("authorized_user", "") for c in connections if c.get("name", "").startswith(prefix)}
+
+
+async def test_rotated_jwt_and_seed_files_are_used_at_the_next_reconnect(tmp_path: Path) -> None:
+    """`choria: {jwt_file, seed_file}` go through the reloading material like a `.creds` file: a new
+    user's JWT and seed replace the files, the old user is revoked (which ends its connections), and
+    the reconnects sign in as the new user; nothing lost or copied twice, no restart."""
+    auth = Decentralised.create()
+    (tmp_path / "resolver").mkdir()
+    server = LocalNatsServer(name="jwt-rotate", store_dir=tmp_path / "js",
+                             extra_config=auth.server_config(tmp_path / "resolver"))
+    server.start()
+    jwt, seed = tmp_path / "user.jwt", tmp_path / "user.nk"
+    jwt.write_text(auth.user_jwt() + "\n")
+    seed.write_bytes(auth.user.seed + b"\n")
+    admin = Key.create("user")
+    nc = await nats.connect(server.url, user_credentials=RawCredentials(auth.creds_text(admin)))
+    config = {"name": "ROT", "choria": {"jwt_file": str(jwt), "seed_file": str(seed)},
+              "streams": [{"stream": "ROT", "target_stream": "ROT_COPY", "target_subject_prefix": "copy",
+                           "source_url": server.url, "target_url": server.url}]}
+    task = asyncio.ensure_future(_replicate(config))
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="ROT", subjects=["rot.>"]))
+        for i in range(20):
+            await js.publish("rot.x", str(i).encode())
+        assert await wait_count(nc, "ROT_COPY", 20, 20) is not None
+        old = auth.rotate_user()
+        for path, content in ((jwt, auth.user_jwt().encode()), (seed, auth.user.seed)):
+            fresh = path.with_suffix(".new")
+            fresh.write_bytes(content + b"\n")
+            os.replace(fresh, path)
+        auth.revoke(old)
+        await auth.push_account(server.url)
+        for i in range(20, 40):
+            await js.publish("rot.x", str(i).encode())
+        assert await wait_count(nc, "ROT_COPY", 40, 30) is not None, "copying did not resume as the new user"
+        assert [m.data for m in await read_stream(nc, "ROT_COPY")] == [str(i).encode() for i in range(40)]
+        assert _users_of(server, "SR_ROT") == {auth.user.public}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await nc.close()
+        server.close()
 
 
 async def test_url_tls_options_handshake_first_and_insecure(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,16 @@ def test_jwt_and_seed_files_and_a_bare_nkey(tmp_path: Path) -> None:
     seed.write_bytes(other.user.seed)
     with pytest.raises(MaterialError, match="belongs to another nkey"):
         MaterialSource(MaterialFiles(jwt=str(jwt), seed=str(seed))).load()
+    # The Go client's UserCredentials(jwt, seed) also takes armoured files: a `.creds` file as either.
+    creds = str(auth.write_creds(tmp_path / "user.creds"))
+    armoured = MaterialSource(MaterialFiles(jwt=creds, seed=creds)).load().user
+    assert armoured is not None and armoured.jwt == auth.user_jwt().encode() and armoured.public_key == auth.user.public
+
+
+def test_tls_without_files_is_material_too() -> None:
+    """`?insecure=true` alone: TLS on, the system's CAs, no verification, nothing to read."""
+    material = MaterialSource(MaterialFiles(tls=True, insecure=True)).load()
+    assert material.ssl_context is not None and material.ssl_context.verify_mode == ssl.CERT_NONE
 
 
 @pytest.mark.parametrize(("data", "where", "reason"), [
