@@ -19,6 +19,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from replicator.copier.provenance import CHORIA_SOURCE, PROVENANCE
+from replicator.service.process import ReplicatorProcess
 from tests.gocompat.conftest import Rig
 
 pytestmark = pytest.mark.timeout(90)
@@ -73,6 +74,18 @@ def _sample(sender: str, kind: str, i: int, *, force: bool | None = None, pad: i
     return f"{kind}.{sender}", json.dumps(body).encode(), {"Sender": sender}
 
 
+async def _received(process: ReplicatorProcess, count: int) -> None:
+    """Wait until every replicator of the process received `count` messages (copied or not)."""
+    for replicator in process.replicators:
+        labels = {"name": replicator.profile.base_name, "worker": f"{replicator.profile.base_name}_0"}
+        for _ in range(200):
+            got = replicator.metrics.registry.get_sample_value("stream_replicator_received_msgs_total", labels)
+            if got == count:
+                break
+            await asyncio.sleep(0.1)
+        assert got == count, (labels, got)
+
+
 async def test_sampling_by_field_header_token_and_subject_with_force_and_size_triggers(rig: Rig) -> None:
     """Every inspection mode the Go docs promise (header and token never activate in the Go tool),
     `inspect_force_field` copying when the field is true (not merely present) and `size_trigger`."""
@@ -100,13 +113,7 @@ async def test_sampling_by_field_header_token_and_subject_with_force_and_size_tr
     streams = [rig.stream(src, name=name, target_stream=f"{src}_{name}", target_subject_prefix=name.lower(),
                           **base, **settings) for name, (settings, _) in cases.items()]
     async with rig.replicating(rig.config(*streams)) as process:
-        for replicator in process.replicators:  # every message looked at: nothing more will be copied
-            for _ in range(200):
-                if replicator.metrics.registry.get_sample_value(
-                        "stream_replicator_received_msgs_total",
-                        {"name": replicator.profile.base_name, "worker": f"{replicator.profile.base_name}_0"}) == 12:
-                    break
-                await asyncio.sleep(0.1)
+        await _received(process, 12)  # every message looked at: nothing more will be copied
     got = {name: [(m.subject.split(".", 1)[1], json.loads(m.data)["i"]) for m in await rig.read(f"{src}_{name}")]
            for name in cases}
     assert {name: len(v) for name, v in got.items()} == {name: n for name, (_, n) in cases.items()}
@@ -115,26 +122,30 @@ async def test_sampling_by_field_header_token_and_subject_with_force_and_size_tr
     assert (f"{root}.b.n3", 3) in got["SIZE"]
 
 
-@pytest.mark.parametrize("no_target_create", [False, True])
-async def test_subject_rewrite_filter_and_target_creation(rig: Rig, no_target_create: bool) -> None:
+@pytest.mark.parametrize("mode", ["created", "no_target_create", "target_initiated"])
+async def test_subject_rewrite_filter_and_target_creation(rig: Rig, mode: str) -> None:
     """prefix/remove rewrite subjects (and the created target's); filter_subject narrows the copy;
-    no_target_create leaves the target alone and copies into whichever stream captures them."""
+    no_target_create leaves the target alone and copies into whichever stream captures them;
+    target_initiated copies the same way and keeps the headers (the Go tool's push mode drops them)."""
+    no_target_create = mode == "no_target_create"
     src = rig.name("SHAPE")
     root = src.lower()
     await rig.sjs.add_stream(StreamConfig(name=src, subjects=[f"{root}.>"]))
     for kind in ("eu", "us", "eu"):
-        await rig.sjs.publish(f"{root}.{kind}.host", kind.encode())
+        await rig.sjs.publish(f"{root}.{kind}.host", kind.encode(), headers={"X-Origin": kind})
     landing = f"{src}_LANDING"
     if no_target_create:
         await rig.tjs.add_stream(StreamConfig(name=landing, subjects=[f"to_{src}.>"], max_msgs=1000))
     stream = rig.stream(src, filter_subject=f"{root}.eu.>", target_subject_prefix=f"to_{src}",
-                        target_subject_remove=f"{root}.", no_target_create=no_target_create)
+                        target_subject_remove=f"{root}.", no_target_create=no_target_create,
+                        target_initiated=mode == "target_initiated")
     async with rig.replicating(rig.config(stream)):
         where = landing if no_target_create else src
         assert await rig.wait_count(where, 2) == 2
     msgs = await rig.read(landing if no_target_create else src)
     assert [m.subject for m in msgs] == [f"to_{src}.eu.host"] * 2
     assert [m.data for m in msgs] == [b"eu", b"eu"]
+    assert [m.headers.get("X-Origin") for m in msgs] == ["eu", "eu"]
     if no_target_create:
         with pytest.raises(NotFoundError):
             await rig.tjs.stream_info(src)
@@ -144,6 +155,25 @@ async def test_subject_rewrite_filter_and_target_creation(rig: Rig, no_target_cr
     source, copied = (await rig.read(src, rig.source))[0], msgs[0]
     assert copied.headers[CHORIA_SOURCE].split()[:4] == [src, str(source.seq), "SITE", "SITE"]
     assert copied.headers[PROVENANCE].startswith(f"{src} {source.seq} SR_SITE_{src} ")
+
+
+@pytest.mark.parametrize("state_store", [True, False], ids=["state_store", "memory"])
+async def test_state_store_keeps_the_sampled_senders_across_a_restart(rig: Rig, tmp_path: Path,
+                                                                      state_store: bool) -> None:
+    """With `state_store`, a sender copied before a restart is not copied again within
+    `inspect_duration` (its senders are in `<stream>_<name>.json` there); without, the limiter
+    starts empty after a restart, as in the Go tool."""
+    src = rig.name("STATE")
+    await rig.sjs.add_stream(StreamConfig(name=src, subjects=[f"{src.lower()}.>"]))
+    store = tmp_path / "state"
+    config = rig.config(rig.stream(src, inspect_field="sender", inspect_duration="1h"),
+                        **({"state_store": str(store)} if state_store else {}))
+    for run in range(2):
+        await rig.sjs.publish(f"{src.lower()}.x", json.dumps({"sender": "n1", "run": run}).encode())
+        async with rig.replicating(config) as process:
+            await _received(process, 1)
+    assert [json.loads(m.data)["run"] for m in await rig.read(src)] == ([0] if state_store else [0, 1])
+    assert (store / f"{src}_SITE.json").exists() is state_store
 
 
 @pytest.mark.parametrize("ephemeral", [True, False])
@@ -177,7 +207,8 @@ async def test_replicate_command_runs_a_two_stream_file_as_its_systemd_unit_does
         for i in range(20):
             await rig.sjs.publish(f"{name.lower()}.x", str(i).encode())
     path = tmp_path / "sr.yaml"
-    path.write_text(yaml.safe_dump(rig.config(*(rig.stream(n) for n in names), loglevel="info")))
+    log = tmp_path / "sr.log"
+    path.write_text(yaml.safe_dump(rig.config(*(rig.stream(n) for n in names), loglevel="info", logfile=str(log))))
     pid = tmp_path / "sr.pid"
     proc = subprocess.Popen([sys.executable, "-m", "replicator", "--debug", "replicate", f"--config={path}",
                              "--pid", str(pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -192,4 +223,6 @@ async def test_replicate_command_runs_a_two_stream_file_as_its_systemd_unit_does
         output = proc.communicate(timeout=30)[0].decode()
     assert proc.returncode == 0, output
     assert not pid.exists()
-    assert "DEBUG" in output and f"replicating 2 stream(s): {names[0]}_SITE, {names[1]}_SITE" in output
+    lines = [json.loads(line) for line in log.read_text().splitlines()]  # `logfile`: JSON lines, as the Go tool
+    assert {line["level"] for line in lines} >= {"debug", "info"}  # `--debug` wins over `loglevel`
+    assert f"replicating 2 stream(s): {names[0]}_SITE, {names[1]}_SITE" in [line["message"] for line in lines]
