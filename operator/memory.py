@@ -26,6 +26,7 @@ class Memory:
     certificates: list[st.MountedCertificate] = field(default_factory=list)
     certificate_warning: str | None = None
     identity: tuple[str, str] | None = None  # (namespace, name), once a status was written (metrics)
+    fleet_sites: tuple[dict[str, Any], ...] = ()  # the last fleet summary's site rows (metrics only)
     # The engine: the choice (and the spec generation it was made for), the native engine's view.
     choice: Choice | None = None
     choice_generation: int | None = None

@@ -1,15 +1,17 @@
-"""The operator's own `/metrics`: per StreamReplication, what alerting needs and only the operator
-knows. Deliberately small: the workers export everything about copying themselves.
+"""The operator's own `/metrics`: per StreamReplication, what alerting and the dashboard need and only
+the operator knows. Deliberately small: the workers export everything about copying themselves.
 
 Labels are `namespace` and `streamreplication` (scrape the operator with `honorLabels: true`, as the
-chart's ServiceMonitor does, so `namespace` stays the resource's and not the operator's).
+chart's ServiceMonitor does, so `namespace` stays the resource's and not the operator's); the fleet
+gauges add `state` and `site`. Every series of a resource goes when the resource does, and a site's
+when it leaves the fleet summary.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -18,53 +20,99 @@ from replication_operator.spark_application import schedule_interval
 from replicator.observe.metrics import PREFIX
 
 LABELS = ("namespace", "streamreplication")
-GAUGES = {
-    "resource_replicas_desired": "Worker pods a StreamReplication asks for (spec.replicas)",
-    "resource_replicas_ready": "Worker pods of a StreamReplication that are ready (status.readyReplicas)",
-    "fleet_health_last_run_timestamp_seconds": "Last fleet-health run (status.fleet.lastRun), or the "
-                                               "resource's creation until the first run, unix seconds",
-    "fleet_health_interval_seconds": "Longest gap between two scheduled fleet-health runs "
-                                     "(spec.fleetHealth.schedule), seconds",
+STATES = ("healthy", "timeout", "expired")
+# name -> (help, labels after namespace and streamreplication)
+GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "resource_replicas_desired": ("Worker pods a StreamReplication asks for (spec.replicas)", ()),
+    "resource_replicas_ready": ("Worker pods of a StreamReplication that are ready (status.readyReplicas)", ()),
+    "fleet_health_last_run_timestamp_seconds": ("Last fleet-health run (status.fleet.lastRun), or the resource's "
+                                                "creation until the first run, unix seconds", ()),
+    "fleet_health_interval_seconds": ("Longest gap between two scheduled fleet-health runs "
+                                      "(spec.fleetHealth.schedule), seconds", ()),
+    "fleet_health_nodes": ("Nodes in the last fleet-health summary by state (healthy, timeout, expired); "
+                           "their sum is status.fleet.nodes", ("state",)),
+    "fleet_health_availability_ratio": ("healthy / (healthy + timeout) in the last fleet-health summary "
+                                        "(status.fleet.availability); absent when no node reports", ()),
+    "fleet_health_site_nodes": ("Nodes of one site (the advisories' replicator) in the last fleet-health "
+                                "summary, by state", ("site", "state")),
+    "fleet_health_site_availability_ratio": ("healthy / (healthy + timeout) of one site in the last "
+                                             "fleet-health summary; absent when none of its nodes reports",
+                                             ("site",)),
 }
 METRIC_NAMES = sorted(PREFIX + n for n in GAUGES)
+FLEET = tuple(n for n in GAUGES if n.startswith("fleet_health_"))
+
+Series = tuple[str, tuple[str, ...]]  # (gauge, label values after namespace and streamreplication)
+
+
+def fleet_series(fleet: Mapping[str, Any], sites: Sequence[Mapping[str, Any]]) -> dict[Series, float]:
+    """The fleet gauges' values from status.fleet and the summary's site rows (pure)."""
+    values: dict[Series, float] = {}
+    for state in STATES:
+        if isinstance(fleet.get(state), int | float):
+            values[("fleet_health_nodes", (state,))] = float(fleet[state])
+    if isinstance(fleet.get("availability"), int | float):
+        values[("fleet_health_availability_ratio", ())] = float(fleet["availability"])
+    for site in sites:
+        name = str(site["site"])
+        for state in STATES:
+            if isinstance(site.get(state), int | float):
+                values[("fleet_health_site_nodes", (name, state))] = float(site[state])
+        if isinstance(site.get("availability"), int | float):
+            values[("fleet_health_site_availability_ratio", (name,))] = float(site["availability"])
+    return values
 
 
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self.gauges = {n: Gauge(PREFIX + n, h, LABELS, registry=self.registry) for n, h in GAUGES.items()}
+        self.gauges = {n: Gauge(PREFIX + n, h, (*LABELS, *more), registry=self.registry)
+                       for n, (h, more) in GAUGES.items()}
+        self.series: dict[tuple[str, str], set[Series]] = {}  # what each resource exports now
 
     def update(self, namespace: str, name: str, *, desired: int, status: Mapping[str, Any],
-               created: str | None, fleet_interval: float | None) -> None:
-        """From the status the operator just wrote (and the spec behind it)."""
-        labels = {"namespace": namespace, "streamreplication": name}
-        self.gauges["resource_replicas_desired"].labels(**labels).set(desired)
-        self.gauges["resource_replicas_ready"].labels(**labels).set(int(status.get("readyReplicas") or 0))
-        last_run = _epoch((status.get("fleet") or {}).get("lastRun")) or _epoch(created)
-        if fleet_interval is None or last_run is None:
-            self._remove(("fleet_health_last_run_timestamp_seconds", "fleet_health_interval_seconds"), labels)
-            return
-        self.gauges["fleet_health_last_run_timestamp_seconds"].labels(**labels).set(last_run)
-        self.gauges["fleet_health_interval_seconds"].labels(**labels).set(fleet_interval)
+               created: str | None, fleet_interval: float | None,
+               sites: Sequence[Mapping[str, Any]] = ()) -> None:
+        """From the status the operator just wrote (and the spec behind it); `sites`: the last fleet
+        summary's site rows."""
+        values: dict[Series, float] = {
+            ("resource_replicas_desired", ()): desired,
+            ("resource_replicas_ready", ()): int(status.get("readyReplicas") or 0),
+        }
+        fleet = status.get("fleet") or {}
+        last_run = _epoch(fleet.get("lastRun")) or _epoch(created)
+        if fleet_interval is not None and last_run is not None:
+            values[("fleet_health_last_run_timestamp_seconds", ())] = last_run
+            values[("fleet_health_interval_seconds", ())] = fleet_interval
+            # Only while fleet health is asked for: a removed spec.fleetHealth leaves a stale status.fleet.
+            values.update(fleet_series(fleet, sites))
+        key = (namespace, name)
+        for gauge, labels in self.series.get(key, set()) - set(values):
+            self._remove(key, gauge, labels)
+        for (gauge, labels), value in values.items():
+            self.gauges[gauge].labels(namespace, name, *labels).set(value)
+        self.series[key] = set(values)
 
-    def export(self, body: Mapping[str, Any], status: Mapping[str, Any], desired: int) -> tuple[str, str]:
+    def export(self, body: Mapping[str, Any], status: Mapping[str, Any], desired: int,
+               sites: Sequence[Mapping[str, Any]] = ()) -> tuple[str, str]:
         """From a resource and the status just written; returns its (namespace, name)."""
         meta = body["metadata"]
         fleet = (body.get("spec") or {}).get("fleetHealth")
         interval = _interval(str(fleet.get("schedule") or "")) if isinstance(fleet, Mapping) else None
         self.update(meta["namespace"], meta["name"], desired=desired, status=status,
-                    created=meta.get("creationTimestamp"), fleet_interval=interval)
+                    created=meta.get("creationTimestamp"), fleet_interval=interval, sites=sites)
         return meta["namespace"], meta["name"]
 
     def forget(self, namespace: str, name: str) -> None:
-        self._remove(tuple(GAUGES), {"namespace": namespace, "streamreplication": name})
+        key = (namespace, name)
+        for gauge, labels in self.series.pop(key, set()):
+            self._remove(key, gauge, labels)
 
-    def _remove(self, names: tuple[str, ...], labels: dict[str, str]) -> None:
-        for n in names:
-            try:
-                self.gauges[n].remove(labels["namespace"], labels["streamreplication"])
-            except KeyError:
-                pass
+    def _remove(self, key: tuple[str, str], gauge: str, labels: tuple[str, ...]) -> None:
+        try:
+            self.gauges[gauge].remove(*key, *labels)
+        except KeyError:
+            pass
 
 
 @functools.lru_cache(maxsize=256)

@@ -135,24 +135,55 @@ def consumer_fields(info: js_api.ConsumerInfo) -> dict[str, Any]:
     return fields
 
 
-def fleet_fields(raw: bytes) -> dict[str, Any]:
-    """status.fleet from the fleet-health job's `summary` (replicator/fleet_health/summary.py):
-    totals under `fleet` (or at the top), `last_run` in unix seconds or RFC 3339."""
+@dataclass(frozen=True)
+class FleetSummary:
+    """The fleet-health summary as the operator uses it: `status` becomes status.fleet; `sites`
+    (one row per site: `site`, the counts and `availability` when known) only feeds the operator's
+    gauges, since a fleet's site list can be long for a status."""
+
+    status: dict[str, Any]
+    sites: tuple[dict[str, Any], ...] = ()
+
+
+def _counts(row: Mapping[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key in ("nodes", "healthy", "timeout", "expired"):
+        if isinstance(row.get(key), int | float) and not isinstance(row.get(key), bool):
+            found[key] = int(row[key])
+    if isinstance(row.get("availability"), int | float) and not isinstance(row.get("availability"), bool):
+        found["availability"] = float(row["availability"])
+    return found
+
+
+def fleet_sites(raw: bytes) -> tuple[dict[str, Any], ...]:
+    """The summary's per-site rows (`sites`: `replicator` and its counts); rows without a site name
+    are skipped."""
+    doc = _summary_document(raw)
+    rows = doc.get("sites")
+    if not isinstance(rows, list):
+        return ()
+    return tuple({"site": row["replicator"], **_counts(row)} for row in rows
+                 if isinstance(row, dict) and isinstance(row.get("replicator"), str) and row["replicator"])
+
+
+def _summary_document(raw: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(raw)
     except ValueError as err:
         raise NatsStatusError(f"fleet summary is not JSON: {err}") from None
     if not isinstance(doc, dict):
         raise NatsStatusError("fleet summary is not a JSON object")
+    return doc
+
+
+def fleet_fields(raw: bytes) -> dict[str, Any]:
+    """status.fleet from the fleet-health job's `summary` (replicator/fleet_health/summary.py):
+    totals under `fleet` (or at the top), `last_run` in unix seconds or RFC 3339."""
+    doc = _summary_document(raw)
     totals = doc.get("fleet") or doc.get("totals") or doc
     if not isinstance(totals, dict):
         raise NatsStatusError("fleet summary has no totals object")
-    fleet: dict[str, Any] = {}
-    for key in ("nodes", "healthy", "timeout", "expired"):
-        if isinstance(totals.get(key), int | float) and not isinstance(totals.get(key), bool):
-            fleet[key] = int(totals[key])
-    if isinstance(totals.get("availability"), int | float):
-        fleet["availability"] = float(totals["availability"])
+    fleet = _counts(totals)
     last_run = doc.get("last_run", totals.get("last_run"))
     if isinstance(last_run, int | float) and not isinstance(last_run, bool):
         fleet["lastRun"] = _timestamp(dt.datetime.fromtimestamp(float(last_run), dt.UTC))
@@ -185,7 +216,7 @@ async def read_consumer(spec: ReplicationSpec, auth: Auth, time_limit: float) ->
         await nc.close()
 
 
-async def read_fleet(spec: ReplicationSpec, auth: Auth, time_limit: float) -> dict[str, Any]:
+async def read_fleet(spec: ReplicationSpec, auth: Auth, time_limit: float) -> FleetSummary:
     assert spec.fleet_health and spec.advisory_endpoint
     url = spec.fleet_health.url or spec.advisory_endpoint.url
     nc = await connect(url, auth, time_limit)
@@ -199,6 +230,7 @@ async def read_fleet(spec: ReplicationSpec, auth: Auth, time_limit: float) -> di
             raise NatsStatusError(f"no fleet summary yet (bucket {bucket}, key {SUMMARY_KEY})") from None
         except Exception as err:
             raise NatsStatusError(f"cannot read fleet summary from {bucket}: {_describe(err)}") from None
-        return fleet_fields(entry.value or b"")
+        raw = entry.value or b""
+        return FleetSummary(fleet_fields(raw), fleet_sites(raw))
     finally:
         await nc.close()

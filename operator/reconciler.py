@@ -433,7 +433,7 @@ class Reconciler:
                             old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         patch = st.status_patch(old, new)
         memory.status = {**old, **new}
-        memory.identity = self.metrics.export(body, memory.status, parse_spec_replicas(body))
+        memory.identity = self.metrics.export(body, memory.status, parse_spec_replicas(body), memory.fleet_sites)
         if not patch:
             return
         meta = body["metadata"]
@@ -520,7 +520,9 @@ class Reconciler:
         if spec.fleet_health and spec.advisory_endpoint:
             try:
                 auth = await self._auth(spec, spec.advisory_endpoint)
-                fields["fleet"] = await nats_status.read_fleet(spec, auth, timeout)
+                summary = await nats_status.read_fleet(spec, auth, timeout)
+                fields["fleet"] = summary.status
+                memory.fleet_sites = summary.sites
                 self._nats_ok(body, memory, "fleet")
             except nats_status.NatsStatusError as err:
                 self._nats_error(body, memory, "fleet", "FleetUnavailable", str(err))

@@ -144,32 +144,43 @@ async def live_replicator_names(tmp: Path) -> set[str]:
             server.close()
 
 
-async def live_operator_names() -> set[str]:
-    """The operator serving a resource with fleet health."""
-    async with ClusterEmulator() as cluster, kmock.Server(cluster):
-        api = Api(cluster)
-        resource = h.example("registrations-region", "prod")
-        for key in ("uid", "generation"):
-            resource["metadata"].pop(key)
-        resource["spec"]["source"]["url"] = resource["spec"]["target"]["url"] = "nats://127.0.0.1:1"
-        for name in ("region-eu-nats", "central-nats"):
-            await api.create(h.fake_secret(name, "prod", {"user.creds": b"x", "replicator.creds": b"x"}))
-        config = OperatorConfig(status_interval=0.3, resync_interval=30.0, nats_timeout=1.0)
-        async with embedded_operator(str(cluster.url), config=config, metrics_port=0) as reconciler:
-            await api.create(resource)
-            assert reconciler.metrics_server is not None
-            port = reconciler.metrics_server.port
+async def live_operator_names(tmp: Path) -> set[str]:
+    """The operator serving a resource with fleet health, whose summary (two sites) it reads from a
+    real nats-server."""
+    import nats
 
-            async def served() -> set[str] | None:
-                names = await asyncio.to_thread(scrape, port)
-                return names if "stream_replicator_fleet_health_interval_seconds" in names else None
+    with LocalNatsServer(name="central", store_dir=tmp / "central") as central:
+        nc = await nats.connect(central.url)
+        try:
+            kv = await nc.jetstream().create_key_value(bucket="FLEET_HEALTH")
+            await kv.put("summary", h.fleet_summary({"ams": (8, 2, 1), "fra": (3, 0, 0)}))
+        finally:
+            await nc.close()
+        async with ClusterEmulator() as cluster, kmock.Server(cluster):
+            api = Api(cluster)
+            resource = h.example("registrations-region", "prod")
+            for key in ("uid", "generation"):
+                resource["metadata"].pop(key)
+            resource["spec"]["source"]["url"] = "nats://127.0.0.1:1"
+            resource["spec"]["target"] = {"url": central.url, "stream": "REGISTRATION_CENTRAL"}
+            for name in ("region-eu-nats", "central-nats"):
+                await api.create(h.fake_secret(name, "prod", {"user.creds": b"x", "replicator.creds": b"x"}))
+            config = OperatorConfig(status_interval=0.3, resync_interval=30.0, nats_timeout=1.0)
+            async with embedded_operator(str(cluster.url), config=config, metrics_port=0) as reconciler:
+                await api.create(resource)
+                assert reconciler.metrics_server is not None
+                port = reconciler.metrics_server.port
 
-            return set(await wait_for(served, within=10))
+                async def served() -> set[str] | None:
+                    names = await asyncio.to_thread(scrape, port)
+                    return names if "stream_replicator_fleet_health_site_availability_ratio" in names else None
+
+                return set(await wait_for(served, within=10))
 
 
 @pytest.mark.timeout(90)
 async def test_every_queried_metric_is_exported_by_a_live_replicator_or_operator(tmp_path: Path) -> None:
-    exported = await live_replicator_names(tmp_path) | await live_operator_names()
+    exported = await live_replicator_names(tmp_path) | await live_operator_names(tmp_path)
     queried = {name: rule["alert"] for rule in rules() for name in metric_names(rule["expr"])}
     queried.update({name: "dashboard" for t in targets(load_dashboard()) for name in metric_names(t["expr"])})
     missing = {name: where for name, where in queried.items() if name not in exported}

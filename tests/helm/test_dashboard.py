@@ -1,7 +1,10 @@
-"""The Grafana dashboard queries only metrics the worker really exports, with their real labels.
+"""The Grafana dashboard queries only metrics the worker or the operator really exports, with their
+real labels.
 
 The reference is the exposition of a real `replicator.metrics.Metrics()` registry with one worker's
-samples, as Prometheus would scrape it.
+samples and of the operator's registry with one resource's fleet summary, as Prometheus would scrape
+them. Worker series are filtered by `$name` and `$worker`, the operator's by `$namespace` and
+`$streamreplication`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import pytest
 from helm_chart_support import CHART_DIR, REPO
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from replication_operator.metrics import FLEET, OperatorMetrics
 
-from replicator.observe.metrics import METRIC_NAMES, Metrics
+from replicator.observe.metrics import METRIC_NAMES, PREFIX, Metrics
 
 DASHBOARD = REPO / "dashboards" / "stream-replicator.json"
 CHART_DASHBOARD = CHART_DIR / "dashboards" / "stream-replicator.json"
@@ -35,9 +39,19 @@ KEYWORDS = {
     "offset",
 }
 IDENT = r"[A-Za-z_:][A-Za-z0-9_:]*"
+FILTERS = {"worker": ('name=~"$name"', 'worker=~"$worker"'),
+           "operator": ('namespace=~"$namespace"', 'streamreplication=~"$streamreplication"')}
 
 
-def exposition() -> dict[str, set[str]]:
+def _samples(text: str) -> dict[str, set[str]]:
+    samples: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, set()).update(sample.labels)
+    return samples
+
+
+def worker_exposition() -> dict[str, set[str]]:
     """Sample name -> label names, from a real registry with one worker's samples."""
     metrics = Metrics()
     worker = metrics.worker("cmdb", "cmdb_0")
@@ -45,12 +59,27 @@ def exposition() -> dict[str, set[str]]:
     worker.processing_time.observe(0.002)
     worker.lag_msgs.set(3)
     worker.certificate("target", "client", lambda: 1.9e9)  # exported only for sides with TLS
-    samples: dict[str, set[str]] = {}
-    text = generate_latest(metrics.registry).decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, set()).update(sample.labels)
-    return samples
+    return _samples(generate_latest(metrics.registry).decode())
+
+
+def operator_exposition() -> dict[str, set[str]]:
+    """The same from the operator's registry, with one resource's fleet summary of two sites."""
+    metrics = OperatorMetrics()
+    fleet = {"nodes": 5, "healthy": 3, "timeout": 1, "expired": 1, "availability": 0.75,
+             "lastRun": "2026-01-01T00:00:00Z"}
+    sites = [{"site": "ams", "nodes": 3, "healthy": 2, "timeout": 1, "expired": 0, "availability": 2 / 3},
+             {"site": "fra", "nodes": 2, "healthy": 1, "timeout": 0, "expired": 1, "availability": 1.0}]
+    metrics.update("prod", "registrations", desired=2, status={"readyReplicas": 2, "fleet": fleet},
+                   created=None, fleet_interval=900.0, sites=sites)
+    return _samples(generate_latest(metrics.registry).decode())
+
+
+def exposition() -> dict[str, set[str]]:
+    return {**worker_exposition(), **operator_exposition()}
+
+
+def origin(metric: str) -> str:
+    return "operator" if metric in operator_exposition() else "worker"
 
 
 def sample_family(sample: str) -> str:
@@ -141,8 +170,11 @@ def test_every_queried_metric_is_exported_with_its_labels() -> None:
             labels = exported[name]
             assert matcher_labels(expr) <= labels, expr
             assert grouping_labels(expr) <= labels, expr
-        # Every series is filtered by the dashboard's variables.
-        assert expr.count('name=~"$name"') == expr.count('worker=~"$worker"') == len(re.findall(r"\{", expr))
+        # Every series is filtered by the dashboard's variables: the worker's or the operator's.
+        selectors = re.findall(r"(" + IDENT + r")\{([^}]*)\}", expr)
+        assert len(selectors) == expr.count("{"), expr
+        for metric, body in selectors:
+            assert all(f in body for f in FILTERS[origin(metric)]), (metric, body)
 
 
 def test_counters_are_rated_and_gauges_are_not() -> None:
@@ -153,14 +185,17 @@ def test_counters_are_rated_and_gauges_are_not() -> None:
 
 
 def test_every_exported_metric_is_on_the_dashboard() -> None:
+    """Every worker metric, and every fleet-health gauge of the operator (its replica gauges are for
+    alerts, the workers' own panels show the pods)."""
     shown = {sample_family(n) for t in targets(load()) for n in metric_names(t["expr"])}
     assert set(METRIC_NAMES) - shown == set()
+    assert {PREFIX + n for n in FLEET} - shown == set()
 
 
 def test_variables_query_exported_labels() -> None:
     exported = exposition()
     dashboard = load()
-    for name in ("name", "worker"):
+    for name in ("name", "worker", "namespace", "streamreplication"):
         var = variable(dashboard, name)
         assert var["type"] == "query"
         assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -205,6 +240,9 @@ def test_dashboard_structure() -> None:
         "Connections",
         "Advisories by event",
         "Leader",
+        "Fleet availability",
+        "Availability by site",
+        "Fleet nodes by state",
     ):
         assert expected in titles
 

@@ -289,3 +289,24 @@ class Api:
 def contains_fields(restored: dict[str, Any], original: dict[str, Any]) -> bool:
     """Same content (spec or data) as the original, whatever the identity (uid, resourceVersion)."""
     return all(restored.get(k) == original.get(k) for k in ("spec", "data") if k in original)
+
+
+# ---- the fleet-health summary the operator reads from the KV bucket ----
+def fleet_summary(sites: dict[str, tuple[int, int, int]], run: int = 1, last_run: int = 1767225600) -> bytes:
+    """A `summary` document as the job writes it (replicator/fleet_health/summary.py): per site
+    (healthy, timeout, expired); totals and availability computed as the job computes them."""
+    import json
+
+    def row(healthy: int, timeout: int, expired: int) -> dict[str, Any]:
+        reporting = healthy + timeout
+        return {"nodes": healthy + timeout + expired, "healthy": healthy, "timeout": timeout, "expired": expired,
+                "availability": round(healthy / reporting, 6) if reporting else None}
+
+    totals = [sum(counts[i] for counts in sites.values()) for i in range(3)]
+    return json.dumps({
+        "$schema": "stream-replicator/v1/fleet_health_summary", "stream": "ADVISORIES", "run": run,
+        "last_run": last_run, "last_sequence": 10 * run,
+        "fleet": {"sites": len(sites), **row(*totals)},
+        "sites": [{"replicator": name, **row(*counts)} for name, counts in sorted(sites.items())],
+        "advisories": 10 * run, "duplicates": 0, "malformed": 0,
+    }).encode()

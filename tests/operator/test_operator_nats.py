@@ -109,7 +109,7 @@ async def test_fleet_summary_from_the_kv_bucket(target_server: LocalNatsServer, 
         await nats_status.read_fleet(spec, Auth(), 5)
     kv = await target_nc.jetstream().create_key_value(bucket="FLEET_HEALTH")
     await kv.put("summary", _summary())
-    fleet = await nats_status.read_fleet(spec, Auth(), 5)
+    fleet = (await nats_status.read_fleet(spec, Auth(), 5)).status
     assert fleet == {
         "nodes": 1200,
         "healthy": 1100,
@@ -125,6 +125,12 @@ def test_fleet_fields_accept_flat_totals_and_reject_garbage() -> None:
     assert flat == {"nodes": 3, "healthy": 2, "lastRun": "2026-01-01T00:00:00Z"}
     with pytest.raises(NatsStatusError):
         nats_status.fleet_fields(b"not json")
+    sites = nats_status.fleet_sites(json.dumps({"sites": [
+        {"replicator": "ams", "nodes": 2, "healthy": 1, "timeout": 1, "expired": 0, "availability": 0.5},
+        {"nodes": 1}, "not a row", {"replicator": "fra", "healthy": True, "availability": None}]}).encode())
+    assert sites == ({"site": "ams", "nodes": 2, "healthy": 1, "timeout": 1, "expired": 0, "availability": 0.5},
+                     {"site": "fra"})
+    assert nats_status.fleet_sites(b'{"fleet": {"nodes": 1}}') == ()
 
 
 async def test_mutual_tls_material_comes_from_the_secret(tmp_path: Path) -> None:
