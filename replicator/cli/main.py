@@ -36,15 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "last active"))
     advisories.add_arguments(sub.add_parser("advisories", help="show (or --follow) a topic's advisories"))
     state.add_arguments(sub.add_parser("state", help="the senders the limiter tracks (file or KV state)"))
-    fleet_health.add_arguments(sub.add_parser("fleet-health", help="run the fleet-health Spark job locally"))
+    fleet = sub.add_parser("fleet-health", help="the fleet-health Spark job (run, the default) and its report")
+    fleet.set_defaults(fleet_help=fleet.print_help)
+    actions = fleet.add_subparsers(dest="fleet_action", metavar="ACTION")
+    fleet_health.add_arguments(actions.add_parser("run", help="run the fleet-health Spark job (the default action)"))
+    fleet_health.add_report_arguments(actions.add_parser(
+        "report", help="write one self-contained HTML page from the job's Parquet history"))
     demo.add_arguments(sub.add_parser("demo", help="the embedded default: local servers, a fleet, replication, "
                                                    "advisories and fleet health"))
     return parser
 
 
+FLEET_ACTIONS = ("run", "report")
+
+
 def _normalise(argv: list[str]) -> list[str]:
     """No subcommand means `run` (the legacy command line); a leading `--debug` (the Go tool's
-    global flag, `stream-replicator --debug replicate ...`) moves behind the subcommand."""
+    global flag, `stream-replicator --debug replicate ...`) moves behind the subcommand;
+    `fleet-health` without an action means its `run`."""
     debug = False
     while argv and argv[0] == DEBUG_FLAG:
         argv, debug = argv[1:], True
@@ -52,6 +61,8 @@ def _normalise(argv: list[str]) -> list[str]:
         argv = ["run", *argv]
     if debug and argv and argv[0] in ("run", "replicate"):
         argv = [argv[0], DEBUG_FLAG, *argv[1:]]
+    if argv[:1] == ["fleet-health"] and len(argv) > 1 and argv[1] not in (*FLEET_ACTIONS, "-h", "--help"):
+        argv = ["fleet-health", "run", *argv[1:]]
     return argv
 
 
@@ -68,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return demo.run_from_args(args)
         if args.command == "fleet-health":
+            if args.fleet_action == "report":
+                return fleet_health.report_from_args(args)
+            if args.fleet_action is None:
+                args.fleet_help()
+                return EXIT_CONFIG
             return fleet_health.run_from_args(args)
         return asyncio.run(handlers[args.command](args))
     except ConfigError as err:

@@ -1,4 +1,5 @@
-"""`stream-replicator fleet-health` and the spark-submit application share these arguments."""
+"""`stream-replicator fleet-health [run]` and the spark-submit application share these arguments;
+`stream-replicator fleet-health report` draws the job's history."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import logging
 import sys
+from pathlib import Path
 
 from replicator.fleet_health.jetstream import stream_for_subject
 from replicator.fleet_health.summary import DEFAULT_BUCKET
@@ -63,4 +65,35 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"fleet-health: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result.summary, indent=2) if args.json else format_tables(result))
+    return 0
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", required=True, help="the fleet-health job's output root (its --output)")
+    parser.add_argument("--html", required=True, type=Path, metavar="FILE", help="write the page here")
+    parser.add_argument("--max-nodes", type=int, default=1000,
+                        help="node table rows, least healthy first (%(default)s)")
+
+
+def report_from_args(args: argparse.Namespace) -> int:
+    """Exit status: 0 written, 2 nothing to report from (not a fleet-health output), 1 it failed."""
+    if args.max_nodes < 1:
+        print("fleet-health report: --max-nodes must be at least 1", file=sys.stderr)
+        return 2
+    try:  # PyArrow and Plotly are extras, imported only here
+        from replicator.fleet_health.history import HistoryError
+        from replicator.fleet_health.html_report import write_report
+    except ImportError as err:
+        print(f"fleet-health report: {err} (install with: pip install 'stream-replicator[spark,report]')",
+              file=sys.stderr)
+        return 1
+    try:
+        history = write_report(args.output, args.html, max_nodes=args.max_nodes)
+    except HistoryError as err:
+        print(f"fleet-health report: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"fleet-health report: cannot write {args.html}: {err}", file=sys.stderr)
+        return 1
+    print(f"fleet-health report: {len(history.runs)} runs, {len(history.nodes)} nodes: {args.html}")
     return 0

@@ -16,9 +16,11 @@ import nats
 import pytest
 from pyspark.sql import SparkSession
 
+from replicator.cli.main import main as cli_main
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.advisories import EVENT_SCHEMA
 from replicator.fleet_health.cli import add_arguments, run_from_args
+from replicator.fleet_health.history import read_history
 from replicator.fleet_health.job import FleetHealthResult, run_fleet_health
 from replicator.fleet_health.report import format_tables
 from replicator.fleet_health.summary import read_summary
@@ -37,6 +39,7 @@ from tests.fleet_health.helpers import (
     publish,
     site_tuples,
 )
+from tests.support import browser
 
 pytestmark = pytest.mark.spark
 
@@ -203,3 +206,68 @@ def test_format_tables(runs: Runs) -> None:
     assert lines[6].split() == ["edge/west", "1", "3", "3", "0", "0", "100.00%"]
     assert lines[-1].split() == ["fleet", "(3", "sites)", "8", "5", "2", "1", "71.43%"]
     assert runs.cli_stdout.splitlines()[-1].split() == lines[-1].split()
+
+
+# ---- the history read back for pictures (`fleet-health report --html`)
+
+
+def test_history_rebuilds_each_runs_site_table(runs: Runs) -> None:
+    """Per run, each site's counts rebuilt from the events equal the site table that run wrote
+    (the late advisory in run 2 included), and the run log reads back."""
+    history = read_history(str(runs.chain_output))
+    assert [r.run for r in history.runs] == [1, 2, 3] and history.stream == "CHAIN"
+    wrote = [*(c.sites for c in runs.chain), runs.chain[-1].sites]  # run 3 read nothing new
+    for index, sites in enumerate(wrote):
+        rebuilt = [(site, c[index].nodes, c[index].healthy, c[index].timeout, c[index].expired, c[index].availability)
+                   for site, c in history.sites.items() if c[index].nodes]
+        assert rebuilt == site_tuples(sites), f"run {index + 1}"
+    assert [(r.read, r.events, r.duplicates, r.malformed) for r in history.runs] == [
+        (c.read, c.events, c.duplicates, c.malformed) for c in runs.chain] + [(0, 0, 0, 0)]
+    assert [sum(r.by_event.values()) for r in history.runs] == [c.events for c in runs.chain] + [0]
+    assert sorted((n["replicator"], n["value"], n["state"]) for n in history.nodes) == sorted(
+        (n[0], n[1], n[2]) for n in EXPECTED_NODES)
+
+
+@pytest.mark.skipif(browser.CHROMIUM is None, reason="chromium is not installed (Debian package chromium; "
+                                                     ".ci/run installs it)")
+def test_html_report_in_a_real_browser(runs: Runs, tmp_path: Path) -> None:
+    from PIL import Image, ImageStat
+
+    page = tmp_path / "report" / "fleet.html"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_main(["fleet-health", "report", "--output", str(runs.chain_output), "--html", str(page),
+                         "--max-nodes", "5"])
+    assert code == 0 and str(page) in out.getvalue()
+    text = page.read_text()
+    assert "<script src" not in text and "<link" not in text  # nothing to fetch: plotly.js is inline
+    assert "The 5 least healthy of 8 nodes" in text
+
+    seen = browser.visit(page, width=1280, height=1400)
+    assert seen.errors == [] and seen.remote_requests == [], (seen.errors, seen.remote_requests)
+    assert seen.requests == [page.as_uri()] and seen.title == "Fleet health"
+    image = Image.open(io.BytesIO(seen.screenshot)).convert("RGB")
+    assert image.size == (1280, 1400)
+    grey = image.convert("L")
+    inked = sum(grey.histogram()[:200]) / (image.width * image.height)  # pixels clearly darker than white
+    colours = len(image.getcolors(maxcolors=1 << 16) or range(1 << 16))
+    assert inked > 0.02 and ImageStat.Stat(grey).stddev[0] > 10 and colours > 50, (inked, colours)
+    # The charts were drawn: plotly renders SVG into its divs, one per chart with its traces.
+    assert text.count('class="plotly-graph-div"') == 2
+
+
+@pytest.mark.skipif(browser.CHROMIUM is None, reason="chromium is not installed")
+def test_browser_check_sees_errors_and_network_requests(tmp_path: Path) -> None:
+    """The check above would catch a page that fetches or fails (no address is reachable from it)."""
+    page = tmp_path / "bad.html"
+    page.write_text('<html><head><script src="https://cdn.invalid/plotly.min.js"></script></head><body>'
+                    '<script>console.error("boom"); undefinedFunction();</script></body></html>')
+    seen = browser.visit(page, settle=0.5)
+    assert seen.remote_requests == ["https://cdn.invalid/plotly.min.js"]
+    assert any("boom" in e for e in seen.errors) and any("undefinedFunction" in e for e in seen.errors)
+
+
+def test_report_of_a_folder_without_runs_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["fleet-health", "report", "--output", str(tmp_path), "--html", str(tmp_path / "x.html")]) == 2
+    assert "no committed fleet-health run under" in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists()
