@@ -1,9 +1,11 @@
 """`stream-replicator demo`: the embedded default, end to end on one machine.
 
-Two local NATS servers play a site and the centre; a fleet emulator publishes registrations at the
-site; the replicator samples them upward (each node at most once per `age`) and advises the centre
-when nodes go quiet, come back or retire; at the end the fleet-health job turns the advisories into
-site and fleet tables. Everything is started here and cleaned up here.
+Four local NATS servers play two cities, a region and the centre (`tree.py`); a fleet emulator in
+each city publishes registrations; five replications copy them up the tree, sample them at the
+region and advise the centre when nodes go quiet, come back or retire. Meanwhile the fleet-health
+job runs every few seconds over the advisories at the centre (`fleet_runs.py`), and at the end the
+demo prints the last run's tables and writes the HTML report. Everything is started and cleaned up
+here; only the report stays.
 """
 
 from __future__ import annotations
@@ -15,117 +17,203 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import nats
+from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from replicator.config.files import parse_config
 from replicator.config.model import Profile
-from replicator.demo.fleet import SUBJECT, FleetEmulator, build_fleet
+from replicator.demo.fleet import FleetEmulator, build_fleet
+from replicator.demo.fleet_runs import PeriodicFleetHealth
 from replicator.demo.local_nats import LocalNatsServer
+from replicator.demo.tree import (
+    ADVISORY_HOP,
+    ADVISORY_STREAM,
+    ADVISORY_SUBJECTS,
+    CITIES,
+    STREAM,
+    SUBJECT,
+    tree_config,
+)
 from replicator.observe.metrics import Metrics
 from replicator.service.runner import Replicator
 
-ADVISORY_STREAM = "ADVISORIES"
-ADVISORY_SUBJECT = "sr.advisories.ams"
+DEFAULT_REPORT = Path(tempfile.gettempdir()) / "stream-replicator-demo" / "fleet-health.html"
+EVENTS = ("new", "timeout", "recover", "expire")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=300, help="nodes in the emulated fleet (default 300)")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of publishing (default 60)")
+    parser.add_argument("--nodes", type=int, default=200, help="nodes per city (default 200)")
+    parser.add_argument("--duration", type=float, default=45.0, help="seconds of publishing (default 45)")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between a node's registrations")
     parser.add_argument("--age", type=float, default=10.0, help="sampling age: a node goes upward at most once per age")
-    parser.add_argument("--no-fleet-health", action="store_true", help="skip the Spark fleet-health job at the end")
+    parser.add_argument("--fleet-every", type=float, default=15.0,
+                        help="seconds between fleet-health runs while the fleet publishes (default 15)")
+    parser.add_argument("--report", type=Path, default=DEFAULT_REPORT, help="where the HTML report goes (%(default)s)")
+    parser.add_argument("--no-fleet-health", action="store_true", help="skip the Spark fleet-health job and report")
+    parser.add_argument("--verbose", action="store_true", help="also print Spark's start-up messages and warnings")
 
 
-def demo_config(site_url: str, centre_url: str, age: float, interval: float) -> dict[str, Any]:
-    return {
-        "topics": {
-            "registration": {
-                "topic": f"{SUBJECT}.>",
-                "source_url": site_url,
-                "target_url": centre_url,
-                "name": "ams",
-                "target_stream": "REGISTRATION_CENTRE",
-                "inspect": "sender",
-                "update_flag": "updated",
-                "age": f"{age}s",
-                "advisory": {"target": ADVISORY_SUBJECT, "cluster": "target", "age": f"{interval * 2}s"},
-            }
-        }
-    }
+def total(metrics: Metrics, name: str) -> float:
+    """A metric summed over its workers."""
+    return sum(s.value for family in metrics.registry.collect() for s in family.samples if s.name == name)
 
 
-def _value(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
-    return metrics.registry.get_sample_value(name, labels) or 0.0
+def progress_line(replicators: dict[str, Replicator], published: int, elapsed: float, runs: int) -> str:
+    def of(hops: tuple[str, ...], metric: str) -> int:
+        return int(sum(total(replicators[h].metrics, f"stream_replicator_{metric}") for h in hops))
+
+    up, samplers = tuple(f"{c}_region" for c in CITIES), CITIES
+    adv = " ".join(f"{e}={of(samplers, f'advisories_{e}_total')}" for e in EVENTS)
+    skipped = of(samplers, "limiter_memory_skipped_total")
+    return (f"[{elapsed:5.1f}s] published {published:6d}  region {of(up, 'copied_msgs_total'):6d}  "
+            f"centre {of(samplers, 'copied_msgs_total'):5d} (sampled out {skipped:6d})  advisories {adv}  "
+            f"fleet-health runs {runs}")
 
 
-def progress_line(metrics: Metrics, published: int, elapsed: float) -> str:
-    labels = {"name": "ams", "worker": "ams_0"}
-    received = _value(metrics, "stream_replicator_received_msgs_total", labels)
-    copied = _value(metrics, "stream_replicator_copied_msgs_total", labels)
-    skipped = _value(metrics, "stream_replicator_limiter_memory_skipped_total", labels)
-    lag = _value(metrics, "stream_replicator_lag_msgs", labels)
-    events = {e: int(_value(metrics, f"stream_replicator_advisories_{e}_total", labels))
-              for e in ("new", "timeout", "recover", "expire")}
-    adv = " ".join(f"{k}={v}" for k, v in events.items())
-    return (f"[{elapsed:5.1f}s] published {published:6d}  received {int(received):6d}  copied {int(copied):5d}  "
-            f"skipped {int(skipped):6d}  lag {int(lag):4d}  advisories: {adv}")
+async def _count(nc: Client, stream: str) -> int:
+    try:
+        return int((await nc.jetstream().stream_info(stream)).state.messages)
+    except Exception:
+        return 0
+
+
+async def _until(check: Callable[[], Awaitable[bool]], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.2)
+    return await check()
 
 
 async def run_demo(args: argparse.Namespace, workdir: Path) -> int:
-    site = LocalNatsServer(name="site", store_dir=workdir / "site").start()
-    centre = LocalNatsServer(name="centre", store_dir=workdir / "centre").start()
-    print(f"site NATS   {site.url}\ncentre NATS {centre.url}")
+    servers = {name: LocalNatsServer(name=name, store_dir=workdir / name).start()
+               for name in (*CITIES, "region", "centre")}
+    ncs: dict[str, Client] = {}
+    replicators: dict[str, Replicator] = {}
+    tasks: dict[str, asyncio.Future[None]] = {}
+    fleet_health = None
     try:
-        site_nc = await nats.connect(site.url)
-        centre_nc = await nats.connect(centre.url)
-        await site_nc.jetstream().add_stream(StreamConfig(name="REGISTRATION", subjects=[f"{SUBJECT}.>"]))
-        await centre_nc.jetstream().add_stream(StreamConfig(name=ADVISORY_STREAM, subjects=["sr.advisories.>"]))
-        config = demo_config(site.url, centre.url, args.age, args.interval)
-        profile = Profile(parse_config(config, "demo"), "registration", source="demo")
-        replicator = Replicator(profile)
+        for name, server in servers.items():
+            print(f"{name:7s} NATS {server.url}")
+            ncs[name] = await nats.connect(server.url)
+        for site in (*CITIES, "region"):  # the region's too: its samplers start before the cities' copies land
+            await ncs[site].jetstream().add_stream(StreamConfig(name=STREAM, subjects=[f"{SUBJECT}.>"]))
+        await ncs["region"].jetstream().add_stream(StreamConfig(name=ADVISORY_STREAM, subjects=[ADVISORY_SUBJECTS]))
+        config = tree_config({n: s.url for n, s in servers.items()}, age=args.age, interval=args.interval)
+        parsed = parse_config(config, "demo")
+        for hop in config["topics"]:
+            replicators[hop] = Replicator(Profile(parsed, hop, source="demo"))
         # Quiet long enough to time out (2 intervals) but back before expiry (age): timeout, then recover.
-        fleet = build_fleet(args.nodes, args.duration, interval=args.interval,
-                            quiet_for=(args.interval * 2 + args.age) / 2 - args.interval)
-        emulator = FleetEmulator(site_nc, fleet, interval=args.interval)
-        print(f"fleet: {args.nodes} nodes every {args.interval}s for {args.duration}s; sampling age {args.age}s; "
-              f"{sum(n.quiet_from is not None for n in fleet)} will go quiet, "
-              f"{sum(n.retire_at is not None for n in fleet)} will retire\n")
-        task = asyncio.ensure_future(replicator.run())
-        publisher = asyncio.ensure_future(emulator.run(args.duration))
-        started = time.monotonic()
-        while not publisher.done():
-            await asyncio.sleep(2.0)
-            print(progress_line(replicator.metrics, emulator.published, time.monotonic() - started), flush=True)
-        replicator.stop()
-        await asyncio.wait_for(task, 30)
-        info = await centre_nc.jetstream().stream_info("REGISTRATION_CENTRE")
-        adv = await centre_nc.jetstream().stream_info(ADVISORY_STREAM)
-        print(f"\nsite published {emulator.published} registrations; the centre received "
-              f"{info.state.messages} ({info.state.messages / max(emulator.published, 1):.1%}) "
-              f"and {adv.state.messages} advisories")
-        await site_nc.close()
-        await centre_nc.close()
+        quiet_for = (args.interval * 2 + args.age) / 2 - args.interval
+        emulators = [FleetEmulator(ncs[city], build_fleet(args.nodes, args.duration, site=city, seed=42 + i,
+                                                          interval=args.interval, quiet_for=quiet_for),
+                                   interval=args.interval, subject=f"{SUBJECT}.{city}")
+                     for i, city in enumerate(CITIES)]
+        quiet = sum(n.quiet_from is not None for e in emulators for n in e.fleet)
+        retire = sum(n.retire_at is not None for e in emulators for n in e.fleet)
+        print(f"\ntree: {' + '.join(CITIES)} -> region (ordered, every message) -> centre (sampled per city, "
+              f"each node at most once per {args.age:g}s); advisories from the region up to the centre")
+        print(f"fleet: {args.nodes} nodes per city every {args.interval:g}s for {args.duration:g}s; {quiet} will go "
+              f"quiet for a while, {retire} will retire\n")
         if not args.no_fleet_health:
-            await asyncio.to_thread(_fleet_health, centre.url, workdir)
+            fleet_health = PeriodicFleetHealth(servers["centre"].url, ADVISORY_STREAM, workdir / "fleet-health",
+                                               args.fleet_every, verbose=args.verbose)
+            fleet_health.start()
+        for hop, replicator in replicators.items():
+            tasks[hop] = asyncio.ensure_future(replicator.run())
+        if fleet_health is not None:
+            print(f"starting Spark (local[2]) for fleet health every {args.fleet_every:g}s ...", flush=True)
+            waited = time.monotonic()
+            await asyncio.to_thread(fleet_health.ready.wait)
+            print(f"fleet health unavailable: {fleet_health.unavailable}" if fleet_health.unavailable
+                  else f"Spark ready after {time.monotonic() - waited:.0f}s\n", flush=True)
+            fleet_health.begin()
+        publishers = [asyncio.ensure_future(e.run(args.duration)) for e in emulators]
+        started = time.monotonic()
+        while not all(p.done() for p in publishers):
+            await asyncio.wait(publishers, timeout=3.0)
+            runs = len(fleet_health.results) if fleet_health else 0
+            print(progress_line(replicators, sum(e.published for e in emulators), time.monotonic() - started, runs),
+                  flush=True)
+        for p in publishers:
+            p.result()
+        await _wind_down(replicators, tasks, ncs, sum(e.published for e in emulators))
+        await _summary(ncs, emulators, args)
+        if fleet_health is not None:
+            await asyncio.to_thread(_fleet_health_end, fleet_health, workdir / "fleet-health", args.report)
         return 0
     finally:
-        site.close()
-        centre.close()
+        for replicator in replicators.values():
+            replicator.stop()
+        for task in tasks.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 30)
+        for nc in ncs.values():
+            with contextlib.suppress(Exception):
+                await nc.close()
+        if fleet_health is not None:
+            fleet_health.finish()
+        for server in servers.values():
+            server.close()
 
 
-def _fleet_health(url: str, workdir: Path) -> None:
-    try:
-        from replicator.fleet_health import format_tables, run_fleet_health
-    except ImportError as err:  # PySpark is an extra: the demo still shows replication without it
-        print(f"\nfleet health skipped: {err} (install with: pip install 'stream-replicator[spark]')")
+async def _wind_down(replicators: dict[str, Replicator], tasks: dict[str, asyncio.Future[None]],
+                     ncs: dict[str, Client], published: int) -> None:
+    """Stop the samplers at once (left running without registrations they would announce every node
+    timed out), let the ordered hops deliver what they hold, then stop them too."""
+    async def stop(*hops: str) -> None:
+        for hop in hops:
+            replicators[hop].stop()
+        await asyncio.gather(*(asyncio.wait_for(tasks[hop], 30) for hop in hops))
+
+    await stop(*CITIES)
+    await _until(lambda: _at_least(ncs["region"], STREAM, published), 15)
+
+    async def advisories_up() -> bool:
+        return await _count(ncs["centre"], ADVISORY_STREAM) >= await _count(ncs["region"], ADVISORY_STREAM)
+
+    await _until(advisories_up, 15)
+    await stop(*(f"{c}_region" for c in CITIES), ADVISORY_HOP)
+
+
+async def _at_least(nc: Client, stream: str, expected: int) -> bool:
+    return await _count(nc, stream) >= expected
+
+
+async def _summary(ncs: dict[str, Client], emulators: list[FleetEmulator], args: argparse.Namespace) -> None:
+    published = sum(e.published for e in emulators)
+    region, centre = await _count(ncs["region"], STREAM), await _count(ncs["centre"], STREAM)
+    advisories = await _count(ncs["centre"], ADVISORY_STREAM)
+    cities = ", ".join(f"{c} {e.published}" for c, e in zip(CITIES, emulators, strict=True))
+    print(f"\ncities published {published} registrations ({cities}); the region holds {region}, the centre "
+          f"{centre} ({centre / max(published, 1):.1%}: each node at most once per {args.age:g}s) and "
+          f"{advisories} advisories")
+
+
+def _fleet_health_end(fleet_health: PeriodicFleetHealth, output: Path, report: Path) -> None:
+    print("\nfleet health: a last run after replication stopped, over every advisory at the centre", flush=True)
+    result = fleet_health.finish()
+    if fleet_health.unavailable:
+        print(f"fleet health skipped: {fleet_health.unavailable}")
         return
-    print("\nfleet health (Spark local[2]) over the advisories at the centre:")
-    result = run_fleet_health(url, ADVISORY_STREAM, str(workdir / "fleet-health"), partitions=2)
-    print(format_tables(result))
+    if result is None:
+        print("fleet health: no run succeeded")
+        return
+    from replicator.fleet_health.report import format_tables
+
+    print(f"\n{format_tables(result)}")
+    try:
+        from replicator.fleet_health.html_report import write_report
+    except ImportError as err:
+        print(f"\nreport skipped: {err} (install with: pip install 'stream-replicator[report]')")
+        return
+    history = write_report(str(output), report)
+    print(f"\nreport ({len(history.runs)} fleet-health runs, {len(history.nodes)} nodes): {report.resolve()}")
 
 
 def run_from_args(args: argparse.Namespace) -> int:

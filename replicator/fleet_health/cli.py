@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--credentials", default=None, help="NATS credentials (.creds) file")
     parser.add_argument("--now", type=int, default=None, help="the run's clock, unix seconds (default: now)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print Spark's start-up messages and the job's progress log")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -41,6 +43,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     from replicator.fleet_health.job import run_fleet_health
     from replicator.fleet_health.report import format_tables
 
+    if args.verbose:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("replicator").setLevel(logging.INFO)
     if args.partitions < 1:
         print("fleet-health: --partitions must be at least 1", file=sys.stderr)
         return 2
@@ -59,6 +64,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             now=args.now,
             credentials=args.credentials,
             subject=args.subject,
+            quiet=not args.verbose,
         )
     except Exception as exc:
         log.debug("fleet-health failed", exc_info=True)

@@ -148,10 +148,11 @@ def site_counts(events: pa.Table, runs: list[int]) -> dict[str, list[Counts]]:
     prev_state = pc.if_else(same_node, prev_state, pa.scalar(None, pa.string()))
     changed = after.append_column("prev", prev_state).filter(
         pc.or_kleene(pc.invert(same_node), pc.not_equal(after["state"], prev_state)))
-    arrivals = changed.select(["site", "run", "state"]).append_column("delta", pa.array([1] * changed.num_rows))
+    arrivals = changed.select(["site", "run", "state"])
+    arrivals = arrivals.append_column("delta", pa.array([1] * arrivals.num_rows, pa.int64()))
     departures = changed.filter(pc.is_valid(changed["prev"])).select(["site", "run", "prev"]).rename_columns(
         ["site", "run", "state"])
-    departures = departures.append_column("delta", pa.array([-1] * departures.num_rows))
+    departures = departures.append_column("delta", pa.array([-1] * departures.num_rows, pa.int64()))
     deltas = pa.concat_tables([arrivals, departures]).group_by(["site", "run", "state"]).aggregate(
         [("delta", "sum")])
     step: dict[tuple[str, int, str], int] = {

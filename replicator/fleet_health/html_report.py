@@ -78,9 +78,12 @@ def availability_figure(history: History) -> Any:
         trace(site, series)
     trace("fleet", [history.fleet(i) for i in range(len(history.runs))],
           line={"color": "#222", "width": 3, "dash": "dash"})
+    # Some room either side, so that a single run (or runs seconds apart) still reads as times.
+    pad = dt.timedelta(seconds=max(60.0, (times[-1] - times[0]).total_seconds() * 0.05))
     fig.update_layout(title="Availability per site: healthy / (healthy + timeout) after each run",
-                      yaxis={"tickformat": ".0%", "rangemode": "tozero", "title": "availability"},
-                      xaxis={"title": "run time (UTC)"}, legend={"title": "site"},
+                      yaxis={"tickformat": ".0%", "range": [0, 1.05], "title": "availability"},
+                      xaxis={"title": "run time (UTC)", "range": [times[0] - pad, times[-1] + pad]},
+                      legend={"title": "site"},
                       margin={"l": 60, "r": 20, "t": 50, "b": 50}, height=420, template="plotly_white")
     return fig
 

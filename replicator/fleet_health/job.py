@@ -92,16 +92,18 @@ def run_fleet_health(
     credentials: str | None = None,
     subject: str | None = None,
     spark: SparkSession | None = None,
+    quiet: bool = False,
 ) -> FleetHealthResult:
     """Process the advisories appended since the last run; see docs/fleet-health.md.
 
     `spark` (or an already active session) is used and left running; otherwise one is built for
     `master` (None: whatever spark-submit set) and stopped at the end. `now` (unix s) is the run's
-    clock for downtime. `subject` reads only that subject of the stream.
+    clock for downtime. `subject` reads only that subject of the stream. `quiet`: a JVM started
+    here does not print its start-up noise.
     """
     run_time = int(time.time()) if now is None else int(now)
     owned = spark is None and SparkSession.getActiveSession() is None
-    session = spark or spark_session(master)
+    session = spark or spark_session(master, quiet=quiet)
     cached: list[DataFrame] = []
     try:
         store = OutputStore(session, output)

@@ -8,6 +8,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from replicator.fleet_health.source import JetStreamDataSource
+from replicator.fleet_health.spark_logs import launch_quietly
 
 APP_NAME = "stream-replicator-fleet-health"
 
@@ -23,8 +24,10 @@ LOCAL_CONF = {
 }
 
 
-def spark_session(master: str | None = None, conf: dict[str, str] | None = None) -> SparkSession:
-    """`master=None` leaves the master to spark-submit (the Spark operator's case)."""
+def spark_session(master: str | None = None, conf: dict[str, str] | None = None, *,
+                  quiet: bool = False) -> SparkSession:
+    """`master=None` leaves the master to spark-submit (the Spark operator's case); `quiet`: the
+    driver JVM's start-up noise is not printed (see `spark_logs`)."""
     builder = SparkSession.builder.appName(APP_NAME).config("spark.sql.session.timeZone", "UTC")
     if master is not None:
         builder = builder.master(master)
@@ -37,6 +40,8 @@ def spark_session(master: str | None = None, conf: dict[str, str] | None = None)
                 builder = builder.config(key, value)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
+    if quiet:
+        launch_quietly(builder)
     session = builder.getOrCreate()
     if master is not None and master.startswith("local"):
         session.sparkContext.setLogLevel("WARN")
