@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from replicator.fleet_health.connection import NatsConnection
 from replicator.fleet_health.jetstream import stream_for_subject
 from replicator.fleet_health.summary import DEFAULT_BUCKET
 
@@ -30,15 +31,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="local[2]",
         help="Spark master (%(default)s); 'submit' leaves it to spark-submit",
     )
-    parser.add_argument("--credentials", default=None, help="NATS credentials (.creds) file")
+    auth = parser.add_argument_group("NATS authentication and TLS (file paths, read by the driver and every executor)")
+    auth.add_argument("--credentials", default=None, help="NATS credentials (.creds) file")
+    auth.add_argument("--user-jwt", default=None, help="user JWT file (decentralised auth), with --nkey-seed")
+    auth.add_argument("--nkey-seed", default=None, help="user nkey seed file: signs the server's nonce")
+    auth.add_argument("--tls-scheme", choices=("manual", "puppet"), default=None,
+                      help="manual: --tls-ca/--tls-cert/--tls-key; puppet: --tls-ssl-dir and --tls-identity")
+    auth.add_argument("--tls-ca", default=None, help="CA bundle that verifies the servers")
+    auth.add_argument("--tls-cert", default=None, help="client certificate (with --tls-key)")
+    auth.add_argument("--tls-key", default=None, help="client certificate's private key")
+    auth.add_argument("--tls-ssl-dir", default=None,
+                      help="Puppet ssl dir: certs/ca.pem, certs/<identity>.pem, private_keys/<identity>.pem")
+    auth.add_argument("--tls-identity", default=None, help="Puppet identity (default: this host's FQDN)")
+    auth.add_argument("--tls-insecure", action="store_true", help="do not verify the servers' certificates")
     parser.add_argument("--now", type=int, default=None, help="the run's clock, unix seconds (default: now)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
     parser.add_argument("--verbose", action="store_true",
                         help="also print Spark's start-up messages and the job's progress log")
 
 
+def connection_from_args(args: argparse.Namespace) -> NatsConnection:
+    """`ValueError` naming the flags that do not go together."""
+    try:
+        return NatsConnection.build(
+            args.url, credentials=args.credentials, user_jwt=args.user_jwt, nkey_seed=args.nkey_seed,
+            tls_scheme=args.tls_scheme, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            tls_ssl_dir=args.tls_ssl_dir, tls_identity=args.tls_identity, tls_insecure=args.tls_insecure,
+        )
+    except ValueError as err:
+        text = str(err)
+        for option, flag in _FLAGS.items():
+            text = text.replace(option, flag)
+        raise ValueError(text) from None
+
+
+# The connection's messages name reader options (and the config file's tls keys); here, flags.
+_FLAGS = {"user_jwt": "--user-jwt", "nkey_seed": "--nkey-seed", "credentials": "--credentials",
+          "tls_scheme": "--tls-scheme", "cert and key": "--tls-cert and --tls-key", "ssl_dir": "--tls-ssl-dir"}
+
+
 def run_from_args(args: argparse.Namespace) -> int:
-    """Exit status: 0 done, 1 the run failed (the previous committed state is kept)."""
+    """Exit status: 0 done, 1 the run failed (the previous committed state is kept), 2 bad arguments."""
     # Imported here: PySpark is an optional dependency and slow to import.
     from replicator.fleet_health.job import run_fleet_health
     from replicator.fleet_health.report import format_tables
@@ -53,16 +86,20 @@ def run_from_args(args: argparse.Namespace) -> int:
         print("fleet-health: --stream or --subject is required", file=sys.stderr)
         return 2
     try:
-        stream = args.stream or asyncio.run(stream_for_subject(args.url, args.subject, args.credentials))
+        connection = connection_from_args(args)
+    except ValueError as err:
+        print(f"fleet-health: {err}", file=sys.stderr)
+        return 2
+    try:
+        stream = args.stream or asyncio.run(stream_for_subject(connection, args.subject))
         result = run_fleet_health(
-            args.url,
+            connection,
             stream,
             args.output,
             kv_bucket=args.kv_bucket,
             partitions=args.partitions,
             master=None if args.master == "submit" else args.master,
             now=args.now,
-            credentials=args.credentials,
             subject=args.subject,
             quiet=not args.verbose,
         )

@@ -20,9 +20,8 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from replicator.transport.connections import connect_files
+from replicator.fleet_health.connection import NatsConnection, connect
 from replicator.transport.jetstream import direct_subscribe
-from replicator.transport.material import MaterialFiles
 
 # Pull-request statuses that end a `no_wait` request early: nothing more is stored after our position.
 _END_OF_DATA = frozenset({"404", "408"})
@@ -56,30 +55,14 @@ class Columns:
         return len(self.sequence)
 
 
-async def connect(url: str, credentials: str | None = None, name: str = "fleet-health") -> Client:
-    """A connection that fails fast: a batch job should error out, not wait for a dead server.
-
-    The credentials file is read as the replicator reads it (`transport/material.py`): a file
-    rotated during a run is used from the next (re)connect on, a half-written one is not."""
-    return await connect_files(
-        [u.strip() for u in url.split(",") if u.strip()],
-        MaterialFiles(creds=credentials),
-        "fleet-health",
-        name=name,
-        connect_timeout=5,
-        max_reconnect_attempts=3,
-        allow_reconnect=True,
-    )
-
-
 async def stream_bounds(nc: Client, stream: str) -> StreamBounds:
     state = (await nc.jetstream().stream_info(stream)).state
     return StreamBounds(first_seq=state.first_seq, last_seq=state.last_seq, messages=state.messages)
 
 
-async def stream_for_subject(url: str, subject: str, credentials: str | None = None) -> str:
+async def stream_for_subject(target: NatsConnection | str, subject: str, credentials: str | None = None) -> str:
     """The stream that stores `subject` (the advisory subject), as the advisories CLI finds it."""
-    nc = await connect(url, credentials, name="fleet-health-lookup")
+    nc = await connect(target, credentials, name="fleet-health-lookup")
     try:
         return await nc.jetstream().find_stream_name_by_subject(subject)
     except NotFoundError:

@@ -12,7 +12,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replicator.fleet_health.advisories import parse_advisories, valid_events
-from replicator.fleet_health.jetstream import StreamBounds, connect, stream_bounds
+from replicator.fleet_health.connection import NatsConnection, as_connection, connect
+from replicator.fleet_health.jetstream import StreamBounds, stream_bounds
 from replicator.fleet_health.session import spark_session
 from replicator.fleet_health.source import SOURCE_NAME
 from replicator.fleet_health.store import OutputStore, RunRecord, Snapshot
@@ -43,8 +44,8 @@ class FleetHealthResult:
     summary: dict[str, Any]
 
 
-async def _bounds(url: str, stream: str, credentials: str | None) -> StreamBounds:
-    nc = await connect(url, credentials, name="fleet-health-driver")
+async def _bounds(connection: NatsConnection, stream: str) -> StreamBounds:
+    nc = await connect(connection, name="fleet-health-driver")
     try:
         return await stream_bounds(nc, stream)
     finally:
@@ -81,7 +82,7 @@ def _sequence_range(previous: Snapshot | None, bounds: StreamBounds, stream: str
 
 
 def run_fleet_health(
-    url: str,
+    url: NatsConnection | str,
     stream: str,
     output: str,
     *,
@@ -99,25 +100,29 @@ def run_fleet_health(
     `spark` (or an already active session) is used and left running; otherwise one is built for
     `master` (None: whatever spark-submit set) and stopped at the end. `now` (unix s) is the run's
     clock for downtime. `subject` reads only that subject of the stream. `quiet`: a JVM started
-    here does not print its start-up noise.
+    here does not print its start-up noise. `url` is a URL (with an optional `credentials` file)
+    or a `NatsConnection` (TLS, JWT + nkey seed, ...).
     """
+    connection = as_connection(url, credentials)
     run_time = int(time.time()) if now is None else int(now)
+    # First, before Spark starts or anything is written: bad TLS material or credentials end the run
+    # here with the reason, and the output is left as it was.
+    bounds = asyncio.run(_bounds(connection, stream))
     owned = spark is None and SparkSession.getActiveSession() is None
     session = spark or spark_session(master, quiet=quiet)
     cached: list[DataFrame] = []
     try:
         store = OutputStore(session, output)
         previous = store.latest()
-        start, end = _sequence_range(previous, asyncio.run(_bounds(url, stream, credentials)), stream)
+        start, end = _sequence_range(previous, bounds, stream)
         run = previous.run + 1 if previous else 1
 
-        source = {
-            "url": url,
+        source: dict[str, str | None] = {
+            **connection.options(),
             "stream": stream,
             "start_seq": str(start),
             "end_seq": str(end),
             "partitions": str(partitions),
-            "credentials": credentials,
             "subject": subject,
         }
         parsed = parse_advisories(_read_range(session, source)).persist()
@@ -178,7 +183,7 @@ def run_fleet_health(
             sites=sites,
             totals=totals,
         )
-        asyncio.run(publish_summary(url, kv_bucket, summary, credentials))
+        asyncio.run(publish_summary(connection, kv_bucket, summary))
         log.info("fleet health run %d: read %d advisories up to sequence %d", run, read, record.last_sequence)
         return FleetHealthResult(
             run=run,

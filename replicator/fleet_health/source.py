@@ -25,7 +25,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from replicator.fleet_health.jetstream import Columns, RangeReader, connect, split_range, stream_bounds
+from replicator.fleet_health.connection import NatsConnection, connect
+from replicator.fleet_health.jetstream import Columns, RangeReader, split_range, stream_bounds
 
 SOURCE_NAME = "jetstream"
 SCHEMA = StructType(
@@ -41,14 +42,14 @@ SCHEMA = StructType(
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """Reader options (all strings in Spark): see docs/fleet-health.md."""
+    """Reader options (all strings in Spark): see docs/fleet-health.md. The connection holds URLs and
+    file paths only; each executor reads the files itself."""
 
-    url: str
+    connection: NatsConnection
     stream: str
     start_seq: int = 1
     end_seq: int | None = None
     partitions: int = 1
-    credentials: str | None = None
     subject: str | None = None
     batch: int = 1000
     chunk_rows: int = 10_000
@@ -75,17 +76,24 @@ class ReadOptions:
 
         end = number("end_seq", 0, 0)
         return cls(
-            url=lowered["url"],
+            connection=_connection(lowered),
             stream=lowered["stream"],
             start_seq=number("start_seq", 1, 1),
             end_seq=end if lowered.get("end_seq") not in (None, "") else None,
             partitions=number("partitions", 1, 1),
-            credentials=lowered.get("credentials") or None,
             subject=lowered.get("subject") or None,
             batch=number("batch", 1000, 1),
             chunk_rows=number("chunk_rows", 10_000, 1),
             idle_timeout=float(lowered.get("idle_timeout") or 30.0),
         )
+
+
+def _connection(options: Mapping[str, str]) -> NatsConnection:
+    try:
+        return NatsConnection.from_options(options)
+    except ValueError as err:
+        text = str(err)
+        raise ValueError(text if text.startswith("jetstream source") else f"jetstream source: {text}") from None
 
 
 class SequenceRange(InputPartition):
@@ -99,7 +107,7 @@ class SequenceRange(InputPartition):
 
 async def _resolve_range(options: ReadOptions) -> tuple[int, int]:
     """Clamp the requested range to what the stream holds now; the end is fixed for the whole read."""
-    nc = await connect(options.url, options.credentials, name="fleet-health-planner")
+    nc = await connect(options.connection, name="fleet-health-planner")
     try:
         bounds = await stream_bounds(nc, options.stream)
     finally:
@@ -144,7 +152,7 @@ class JetStreamReader(DataSourceReader):
         # formats the task's repr (with all buffered rows) when doing so.
         loop = asyncio.new_event_loop()
         try:
-            nc = loop.run_until_complete(connect(opts.url, opts.credentials, name=f"fleet-health-{partition.start}"))
+            nc = loop.run_until_complete(connect(opts.connection, name=f"fleet-health-{partition.start}"))
             reader = RangeReader(
                 nc,
                 opts.stream,

@@ -17,7 +17,7 @@ from typing import Any
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
-from replicator.fleet_health.jetstream import connect
+from replicator.fleet_health.connection import NatsConnection, connect
 
 DEFAULT_BUCKET = "FLEET_HEALTH"
 SUMMARY_KEY = "summary"
@@ -90,7 +90,9 @@ async def _bucket(js: Any, bucket: str) -> KeyValue:
         return await js.create_key_value(bucket=bucket, history=5, description="stream-replicator fleet health")
 
 
-async def publish_summary(url: str, bucket: str, summary: Mapping[str, Any], credentials: str | None = None) -> None:
+async def publish_summary(
+    url: NatsConnection | str, bucket: str, summary: Mapping[str, Any], credentials: str | None = None
+) -> None:
     nc = await connect(url, credentials, name="fleet-health-summary")
     try:
         kv = await _bucket(nc.jetstream(), bucket)
@@ -102,7 +104,9 @@ async def publish_summary(url: str, bucket: str, summary: Mapping[str, Any], cre
         await nc.close()
 
 
-async def read_summary(url: str, bucket: str = DEFAULT_BUCKET, credentials: str | None = None) -> dict[str, Any]:
+async def read_summary(
+    url: NatsConnection | str, bucket: str = DEFAULT_BUCKET, credentials: str | None = None
+) -> dict[str, Any]:
     nc = await connect(url, credentials, name="fleet-health-reader")
     try:
         kv = await nc.jetstream().key_value(bucket)

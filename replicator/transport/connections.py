@@ -80,17 +80,23 @@ def connect_options(profile: Profile, side: Side, name: str) -> dict[str, Any]:
         # Subjects come from JetStream and the config, already valid; validating each costs a regex.
         "skip_subject_validation": True,
     }
-    opts["servers"], auth = split_userinfo(urls)
-    opts.update(auth)
-    source = material_for(profile, side)
-    if source is not None:
-        opts.update(material_options(source, side))
-        if "tls" in opts:
-            opts["servers"] = [u.replace("nats://", "tls://", 1) for u in opts["servers"]]
+    opts.update(server_options(urls, material_for(profile, side), side))
     tls = profile.tls_for(side)
     if tls is not None and tls.handshake_first:
         opts["tls_handshake_first"] = True
     return opts
+
+
+def server_options(urls: list[str], source: MaterialSource | None, what: str) -> dict[str, Any]:
+    """`servers` without their userinfo, the userinfo as options, and the material's TLS context and
+    credential callbacks: how every connection (profile or not) reaches its servers."""
+    servers, opts = split_userinfo(urls)
+    out: dict[str, Any] = {"servers": servers, **opts}
+    if source is not None:
+        out.update(material_options(source, what))
+        if "tls" in out:
+            out["servers"] = [u.replace("nats://", "tls://", 1) for u in servers]
+    return out
 
 
 def material_options(source: MaterialSource, side: str) -> dict[str, Any]:
@@ -119,12 +125,23 @@ def client_for(source: MaterialSource | None, *, require_tls: bool = False) -> C
 
 
 async def connect_files(servers: list[str], files: MaterialFiles, what: str, **options: Any) -> Client:
-    """A connection outside a profile (the fleet-health job) with the same reloading material;
-    `what` names it in errors."""
+    """A connection outside a profile (the fleet-health job): the same URLs, userinfo, reloading
+    material, plaintext refusal and judgement of the first connect as a profile's, but one attempt
+    only (a batch job fails rather than waits). `what` names it in errors; a `ConnectError` says
+    why (a certificate, credential or URL problem, or the servers that could not be reached)."""
     source = source_for(files) if files else None
-    opts = {"servers": servers, **options, **(material_options(source, what) if source else {})}
-    nc = client_for(source, require_tls=files.tls)
-    await nc.connect(**opts)
+    opts = {**options, **server_options(servers, source, what)}
+    made: list[Client] = []
+
+    def make_client() -> Client:
+        made.append(client_for(source, require_tls=files.tls))
+        return made[-1]
+
+    attempt = _FirstConnect(opts, make_client, what, str(options.get("name") or what), None, None)
+    attempt.stopping = lambda: bool(made) and made[-1].is_closed  # our own close is no warning
+    nc = await attempt.run(lambda: False)
+    if nc is None:
+        raise ConnectError(f"{what} connection to {attempt.where} failed: {attempt.last_error}")
     return nc
 
 
@@ -263,7 +280,8 @@ async def connect(
     the problem; anything else (refused, timeouts, a server still starting) keeps retrying. A stop
     request also ends the attempt. Later disconnects are handled by the client's own reconnect loop.
     """
-    attempt = _FirstConnect(profile, side, name, metrics, on_change)
+    attempt = _FirstConnect(connect_options(profile, side, name), functools.partial(new_client, profile, side),
+                            side, name, metrics, on_change)
     attempt.stopping = stopping
     source = material_for(profile, side)
     if metrics is not None and source is not None:
@@ -284,12 +302,13 @@ async def connect(
 class _FirstConnect:
     """One profile side's connection: callbacks for its whole life, judgement of its first connect."""
 
-    def __init__(self, profile: Profile, side: Side, name: str, metrics: WorkerMetrics | None,
-                 on_change: Callable[[], None] | None) -> None:
-        self.opts = connect_options(profile, side, name)
+    def __init__(self, opts: dict[str, Any], make_client: Callable[[], Client], side: str, name: str,
+                 metrics: WorkerMetrics | None, on_change: Callable[[], None] | None) -> None:
+        self.opts = opts
         self.where = ", ".join(redact_url(u) for u in self.opts["servers"])
-        self.profile = profile
+        self.make_client = make_client
         self.side, self.name, self.metrics, self.on_change = side, name, metrics, on_change
+        self.last_error = "no server could be reached"
         self.stopping: Callable[[], bool] = lambda: False
         self.connected = False
         self.permanent = 0
@@ -297,13 +316,13 @@ class _FirstConnect:
 
     async def run(self, stopping: Callable[[], bool]) -> Client | None:
         """The connected client; None if nats-py gave up by itself (retry); ConnectError if hopeless."""
-        nc = new_client(self.profile, self.side)
+        nc = self.make_client()
         self.permanent = 0
         self.fatal = fatal = asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(nc.connect(
-            **self.opts, error_cb=self.error_cb, disconnected_cb=self.disconnected_cb,
-            reconnected_cb=self.reconnected_cb, closed_cb=self.closed_cb,
-        ))
+        task = asyncio.ensure_future(nc.connect(**{
+            **self.opts, "error_cb": self.error_cb, "disconnected_cb": self.disconnected_cb,
+            "reconnected_cb": self.reconnected_cb, "closed_cb": self.closed_cb,
+        }))
         try:
             while not task.done():
                 await asyncio.wait({task, fatal}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
@@ -331,13 +350,16 @@ class _FirstConnect:
             raise ConnectError(f"{self.side} connection to {self.where} failed: {reason}") from None
         if self.metrics:
             self.metrics.errors.inc()
-        log.warning("%s connection to %s failed: %s (retrying)", self.side, self.where, _describe(err))
+        self.last_error = _describe(err) if not isinstance(err, nats.errors.NoServersError) else self.last_error
+        log.warning("%s connection to %s failed: %s", self.side, self.where, self.last_error)
         return None
 
     async def error_cb(self, err: Exception) -> None:
         if self.metrics:
             self.metrics.errors.inc()
         reason = None if self.connected else permanent_reason(err)
+        if not self.connected:
+            self.last_error = reason or _describe(err)
         if reason is None:
             if not self.stopping():  # closing a connection that is still reconnecting fails its attempt
                 log.warning("%s connection %s error: %s", self.side, self.name, _describe(err))
