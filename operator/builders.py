@@ -10,9 +10,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from replication_operator import images, naming, worker_config
+from replication_operator.spec import DEFAULTS as spec_defaults
 from replication_operator.spec import ReplicationSpec, Side, SpecError, parse_spec
 
 try:  # written in parallel; the operator reports FleetHealthUnavailable until it exists
@@ -280,7 +281,7 @@ def build_fleet_health(
     fleet = source.setdefault("spec", {}).setdefault("fleetHealth", {})
     if options.spark_image and not fleet.get("image"):
         fleet["image"] = options.spark_image
-    obj = build_scheduled_spark_application(source)
+    obj = build_scheduled_spark_application(source, options.tls_keys)
     meta = obj.setdefault("metadata", {})
     meta["name"] = naming.fleet_health_name(spec.resource_name)
     meta["namespace"] = spec.namespace
@@ -322,7 +323,7 @@ def build_children(resource: Mapping[str, Any], options: BuildOptions | None = N
 class SecretNeed:
     """A Secret the pods mount: one credentials key, or (`key` None) a TLS Secret checked by `tls_problem`."""
 
-    side: Side
+    side: Side | Literal["fleetHealth"]
     secret: str
     key: str | None
 
@@ -336,6 +337,12 @@ def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
             needs.append(SecretNeed(side, endpoint.credentials.name, endpoint.credentials.key))
         if endpoint.tls_secret:
             needs.append(SecretNeed(side, endpoint.tls_secret, None))
+    s3 = (spec.fleet_health.raw.get("s3") or {}).get("credentialsSecret") if spec.fleet_health else None
+    if s3 and s3.get("name"):  # the Spark pods take the S3 key pair from it (env)
+        for role in ("accessKeyIdKey", "secretAccessKeyKey", "sessionTokenKey"):
+            key = s3.get(role) or spec_defaults.get(f"fleetHealth.s3.credentialsSecret.{role}")
+            if key:
+                needs.append(SecretNeed("fleetHealth", str(s3["name"]), str(key)))
     return needs
 
 

@@ -2,8 +2,12 @@
 
 The Spark operator then runs `replicator/fleet_health/app.py` on the schedule, one run at a time
 (`Forbid`: runs are incremental and must not overlap). The job talks to the advisory cluster with that
-cluster's own NATS credentials, mounted from its Secret into the driver and every executor, since
-each executor reads its share of the stream itself. Owner references are the caller's business.
+cluster's own NATS credentials and TLS Secret, mounted into the driver and every executor (each
+executor reads its share of the stream itself); the command line names only the mounted files, so no
+secret reaches the Spark conf, the pods' command lines or the event log. An `s3a://` output brings
+the Hadoop AWS connector of PySpark's own Hadoop version and its credentials from a named Secret
+(env) or the pods' identity; other object stores need their connector in `packages`. Owner
+references are the caller's business.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import itertools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from croniter import croniter
 from replication_operator import images
@@ -31,6 +36,28 @@ DEFAULT_CREDENTIALS_KEY = "user.creds"
 # Kubeflow's chart creates this account (with rights to start executor pods) in job namespaces.
 DEFAULT_SERVICE_ACCOUNT = "spark-operator-spark"
 CREDENTIALS_DIR = "/etc/stream-replicator/nats"
+TLS_DIR = "/etc/stream-replicator/tls"
+TLS_FILES = (("ca.crt", "--tls-ca"), ("tls.crt", "--tls-cert"), ("tls.key", "--tls-key"))
+# The Hadoop that PySpark (and so the Spark image) bundles: pyspark/jars/hadoop-client-api-<version>.jar.
+# hadoop-aws must be exactly this version; a test keeps the two equal.
+HADOOP_VERSION = "3.5.0"
+HADOOP_AWS = f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}"
+# Output schemes whose file system is not in the image: the artifact that brings it, and an example.
+CONNECTORS = {
+    "gs": ("gcs-connector", "com.google.cloud.bigdataoss:gcs-connector:<version>"),
+    "abfs": ("hadoop-azure", f"org.apache.hadoop:hadoop-azure:{HADOOP_VERSION}"),
+    "abfss": ("hadoop-azure", f"org.apache.hadoop:hadoop-azure:{HADOOP_VERSION}"),
+    "wasb": ("hadoop-azure", f"org.apache.hadoop:hadoop-azure:{HADOOP_VERSION}"),
+    "wasbs": ("hadoop-azure", f"org.apache.hadoop:hadoop-azure:{HADOOP_VERSION}"),
+}
+BUILT_IN_SCHEMES = ("", "file", "hdfs", "viewfs")
+S3_ENV = (("accessKeyIdKey", "AWS_ACCESS_KEY_ID"), ("secretAccessKeyKey", "AWS_SECRET_ACCESS_KEY"),
+          ("sessionTokenKey", "AWS_SESSION_TOKEN"))
+# AWS SDK v2 providers (Hadoop 3.4+): the env vars from the Secret, or the pod's identity (web identity
+# token / IRSA, container or instance profile) through the SDK's default chain.
+S3_PROVIDER_ENV = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
+S3_PROVIDER_DEFAULT = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
+IVY_DIR = "/tmp/.ivy2"  # where spark-submit resolves `deps.packages`: the image's home is not writable
 RUN_AS = 10001  # the Spark image's `replicator` user and group (Dockerfile)
 HISTORY_LIMIT = 3
 
@@ -75,7 +102,11 @@ def _security() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _pod(
-    settings: Mapping[str, Any], defaults: Mapping[str, Any], labels: dict[str, str], secret: str | None
+    settings: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    labels: dict[str, str],
+    secrets: list[dict[str, str]],
+    env: list[dict[str, Any]],
 ) -> dict[str, Any]:
     pod_security, container_security = _security()
     pod: dict[str, Any] = {
@@ -85,9 +116,73 @@ def _pod(
         "podSecurityContext": pod_security,
         "securityContext": container_security,
     }
-    if secret:
-        pod["secrets"] = [{"name": secret, "path": CREDENTIALS_DIR, "secretType": "Generic"}]
+    if secrets:
+        pod["secrets"] = copy.deepcopy(secrets)
+    if env:
+        pod["env"] = copy.deepcopy(env)
     return pod
+
+
+def _nats_files(
+    cluster: Mapping[str, Any], tls_keys: Mapping[str, Collection[str]] | None
+) -> tuple[list[str], list[dict[str, str]]]:
+    """The job's NATS file arguments and the Secrets (name, mount path) that hold those files."""
+    arguments: list[str] = []
+    secrets: list[dict[str, str]] = []
+    secret_ref: Mapping[str, Any] = cluster.get("credentialsSecret") or {}
+    if secret_ref.get("name"):
+        key = secret_ref.get("key") or DEFAULT_CREDENTIALS_KEY
+        arguments += ["--credentials", f"{CREDENTIALS_DIR}/{key}"]
+        secrets.append({"name": str(secret_ref["name"]), "path": CREDENTIALS_DIR, "secretType": "Generic"})
+    tls_secret = cluster.get("tlsSecret")
+    if tls_secret:
+        keys = (tls_keys or {}).get(str(tls_secret), [k for k, _ in TLS_FILES])
+        present = {k for k, _ in TLS_FILES if k in keys}
+        if "tls.crt" not in present or "tls.key" not in present:  # as the workers: a pair or nothing
+            present -= {"tls.crt", "tls.key"}
+        arguments += ["--tls-scheme", "manual"]
+        for key, flag in TLS_FILES:
+            if key in present:
+                arguments += [flag, f"{TLS_DIR}/{key}"]
+        secrets.append({"name": str(tls_secret), "path": TLS_DIR, "secretType": "Generic"})
+    return arguments, secrets
+
+
+def _storage(fleet: Mapping[str, Any], output: str) -> tuple[list[str], dict[str, str], list[dict[str, Any]]]:
+    """Packages, Hadoop settings and env the output's file system needs; SpecError when it cannot work."""
+    packages = [str(p) for p in fleet.get("packages") or []]
+    scheme = urlsplit(output).scheme.lower() if "://" in output else ""
+    hadoop: dict[str, str] = {}
+    env: list[dict[str, Any]] = []
+    s3: Mapping[str, Any] = fleet.get("s3") or {}
+    if s3 and scheme != "s3a":
+        raise SpecError(f"spec.fleetHealth.s3 is for an s3a:// output, not {output!r}")
+    if scheme in ("s3", "s3n"):
+        raise SpecError(f"spec.fleetHealth.output {output!r}: write s3a://, Hadoop's S3 file system")
+    if scheme == "s3a":
+        if not any(":hadoop-aws:" in p for p in packages):
+            packages.append(HADOOP_AWS)
+        ref: Mapping[str, Any] = s3.get("credentialsSecret") or {}
+        if ref.get("name"):
+            for role, variable in S3_ENV:
+                key = ref.get(role) or (None if role == "sessionTokenKey" else variable)
+                if key:
+                    env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": str(ref["name"]),
+                                                                                 "key": str(key)}}})
+        hadoop["fs.s3a.aws.credentials.provider"] = S3_PROVIDER_ENV if env else S3_PROVIDER_DEFAULT
+    elif scheme in CONNECTORS:
+        artifact, example = CONNECTORS[scheme]
+        if not any(f":{artifact}:" in p for p in packages):
+            raise SpecError(
+                f"spec.fleetHealth.output {output!r} needs the {scheme}:// file system connector, which the "
+                f"Spark image lacks: declare it in spec.fleetHealth.packages (e.g. {example})"
+            )
+    elif scheme not in BUILT_IN_SCHEMES and not packages:
+        raise SpecError(
+            f"spec.fleetHealth.output {output!r}: no connector for {scheme}:// in the Spark image; "
+            "declare it in spec.fleetHealth.packages"
+        )
+    return packages, hadoop, env
 
 
 def _source_of_advisories(fleet: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
@@ -100,8 +195,11 @@ def _source_of_advisories(fleet: Mapping[str, Any], spec: Mapping[str, Any]) -> 
     return ["--subject", str(subject)]
 
 
-def build_scheduled_spark_application(resource: Mapping[str, Any]) -> dict[str, Any]:
-    """The `<name>-fleet-health` ScheduledSparkApplication for a StreamReplication with `spec.fleetHealth`."""
+def build_scheduled_spark_application(
+    resource: Mapping[str, Any], tls_keys: Mapping[str, Collection[str]] | None = None
+) -> dict[str, Any]:
+    """The `<name>-fleet-health` ScheduledSparkApplication for a StreamReplication with `spec.fleetHealth`;
+    `tls_keys` maps a TLS Secret's name to the keys it holds (all three when unknown)."""
     meta = resource.get("metadata") or {}
     name = meta.get("name")
     if not name:
@@ -135,11 +233,9 @@ def build_scheduled_spark_application(resource: Mapping[str, Any]) -> dict[str, 
         "--partitions",
         str(instances * cores),
     ]
-    secret_ref: Mapping[str, Any] = cluster.get("credentialsSecret") or {}
-    secret = secret_ref.get("name")
-    if secret:
-        key = secret_ref.get("key") or DEFAULT_CREDENTIALS_KEY
-        arguments += ["--credentials", f"{CREDENTIALS_DIR}/{key}"]
+    nats_arguments, secrets = _nats_files(cluster, tls_keys)
+    arguments += nats_arguments
+    packages, storage_hadoop, env = _storage(fleet, str(output))
 
     app_name = f"{name}-fleet-health"
     labels = {
@@ -147,9 +243,9 @@ def build_scheduled_spark_application(resource: Mapping[str, Any]) -> dict[str, 
         "app.kubernetes.io/instance": str(name),
         "app.kubernetes.io/component": "fleet-health",
     }
-    driver = _pod(driver_settings, DRIVER_DEFAULTS, labels, secret)
+    driver = _pod(driver_settings, DRIVER_DEFAULTS, labels, secrets, env)
     driver["serviceAccount"] = fleet.get("serviceAccount") or DEFAULT_SERVICE_ACCOUNT
-    executor = _pod(executor_settings, EXECUTOR_DEFAULTS, labels, secret)
+    executor = _pod(executor_settings, EXECUTOR_DEFAULTS, labels, secrets, env)
 
     template: dict[str, Any] = {
         "type": "Python",
@@ -170,9 +266,15 @@ def build_scheduled_spark_application(resource: Mapping[str, Any]) -> dict[str, 
         "driver": driver,
         "executor": executor,
     }
-    for passthrough in ("sparkConf", "hadoopConf"):  # e.g. fs.s3a.* for an s3a:// output
-        if fleet.get(passthrough):
-            template[passthrough] = {str(k): str(v) for k, v in fleet[passthrough].items()}
+    if packages:
+        template["deps"] = {"packages": packages}
+    spark_conf = {"spark.jars.ivy": IVY_DIR} if packages else {}
+    spark_conf.update({str(k): str(v) for k, v in (fleet.get("sparkConf") or {}).items()})
+    hadoop_conf = {**storage_hadoop, **{str(k): str(v) for k, v in (fleet.get("hadoopConf") or {}).items()}}
+    if spark_conf:
+        template["sparkConf"] = spark_conf
+    if hadoop_conf:  # the resource's own settings (fs.s3a.endpoint, ...) win
+        template["hadoopConf"] = hadoop_conf
 
     app_spec: dict[str, Any] = {
         "schedule": str(fleet.get("schedule") or DEFAULT_SCHEDULE),

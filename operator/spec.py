@@ -26,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "heartbeats.interval": "10s",
     "fleetHealth.suspend": False,
     "fleetHealth.kvBucket": "FLEET_HEALTH",
+    "fleetHealth.s3.credentialsSecret.accessKeyIdKey": "AWS_ACCESS_KEY_ID",
+    "fleetHealth.s3.credentialsSecret.secretAccessKeyKey": "AWS_SECRET_ACCESS_KEY",
     "monitoring": {},
     "monitoring.port": 8080,
     "monitoring.serviceMonitor.enabled": False,

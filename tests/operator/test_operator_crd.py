@@ -224,6 +224,23 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "does not match",
     ),
     (
+        "fleet health to gs:// without its connector",
+        _spec(sampling=SAMPLING, advisory={"subject": "adv"}, fleetHealth={"output": "gs://fleet/x"}),
+        "needs the GCS connector",
+    ),
+    (
+        "fleet health to abfss:// with another package",
+        _spec(sampling=SAMPLING, advisory={"subject": "adv"},
+              fleetHealth={"output": "abfss://c@a.dfs.core.windows.net/x", "packages": ["org.example:x:1"]}),
+        "needs the Azure connector",
+    ),
+    (
+        "fleet health s3 settings without s3a output",
+        _spec(sampling=SAMPLING, advisory={"subject": "adv"},
+              fleetHealth={"output": "/data/fleet", "s3": {"credentialsSecret": {"name": "s3"}}}),
+        "fleetHealth.s3 is for an s3a:// output",
+    ),
+    (
         "memory limiter with many workers",
         _spec(mode="scaled", replicas=3, sampling={**SAMPLING, "limiterState": "memory"}),
         "limiterState must be kv",

@@ -6,6 +6,7 @@ import argparse
 import copy
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -13,12 +14,18 @@ import pytest
 import yaml
 from replication_operator.spark_application import (
     CREDENTIALS_DIR,
+    HADOOP_AWS,
+    HADOOP_VERSION,
+    IVY_DIR,
     MAIN_APPLICATION_FILE,
+    S3_PROVIDER_DEFAULT,
+    S3_PROVIDER_ENV,
+    TLS_DIR,
     build_scheduled_spark_application,
 )
 from replication_operator.spec import SpecError
 
-from replicator.fleet_health.cli import add_arguments
+from replicator.fleet_health.cli import add_arguments, connection_from_args
 from tests.operator.helpers import SPARK_CRDS
 
 BASE: dict[str, Any] = {
@@ -67,8 +74,19 @@ def minimal() -> dict[str, Any]:
     return out
 
 
+def secured(**fleet_changes: Any) -> dict[str, Any]:
+    """TLS and credentials Secrets on the advisory cluster, S3 keys from a Secret."""
+    out = resource(s3={"credentialsSecret": {"name": "fleet-s3"}}, **fleet_changes)
+    out["spec"]["target"]["tlsSecret"] = "central-tls"
+    return out
+
+
 SPECS = {
     "target-credentials": resource(),
+    "tls-creds-s3-secret": secured(),
+    "s3a-pod-identity": resource(output="s3a://fleet/registrations"),
+    "gcs-with-connector": resource(output="gs://fleet/registrations",
+                                   packages=["com.google.cloud.bigdataoss:gcs-connector:hadoop3-2.2.26"]),
     "source-cluster": source_side(),
     "minimal-by-subject": minimal(),
     "suspended-s3a-conf": resource(
@@ -178,7 +196,7 @@ def test_overrides_pass_through() -> None:
     assert app["spec"]["suspend"] is True and app["spec"]["timeZone"] == "Europe/Amsterdam"
     template = app["spec"]["template"]
     assert template["hadoopConf"]["fs.s3a.path.style.access"] == "true"
-    assert template["sparkConf"] == {"spark.sql.shuffle.partitions": "16"}
+    assert template["sparkConf"] == {"spark.sql.shuffle.partitions": "16", "spark.jars.ivy": IVY_DIR}
     assert job_args(app).url == "tls://advisories.example.net:4222"
 
 
@@ -195,3 +213,90 @@ def test_unusable_specs_are_refused(change: dict[str, Any], message: str) -> Non
         del broken["spec"]["advisory"]
     with pytest.raises(SpecError, match=message):
         build_scheduled_spark_application(broken)
+
+
+def test_tls_and_credentials_secrets_are_mounted_into_driver_and_executors_and_passed_as_paths() -> None:
+    app = build_scheduled_spark_application(SPECS["tls-creds-s3-secret"])
+    template = app["spec"]["template"]
+    mounts = [
+        {"name": "central-nats", "path": CREDENTIALS_DIR, "secretType": "Generic"},
+        {"name": "central-tls", "path": TLS_DIR, "secretType": "Generic"},
+    ]
+    assert template["driver"]["secrets"] == mounts and template["executor"]["secrets"] == mounts
+    args = job_args(app)
+    assert (args.tls_scheme, args.tls_ca, args.tls_cert, args.tls_key) == (
+        "manual", f"{TLS_DIR}/ca.crt", f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key")
+    assert args.credentials == f"{CREDENTIALS_DIR}/replicator.creds"
+    files = connection_from_args(args).files  # the job accepts them as one TLS + .creds connection
+    assert files.tls and files.key == f"{TLS_DIR}/tls.key" and files.creds == args.credentials
+    # Only paths: the command line, Spark and Hadoop settings hold no secret, env only references.
+    text = " ".join(template["arguments"])
+    assert "BEGIN" not in text and all(
+        a.startswith((CREDENTIALS_DIR, TLS_DIR)) for a in template["arguments"] if a.startswith("/"))
+    for role in ("driver", "executor"):
+        assert all("value" not in e and e["valueFrom"]["secretKeyRef"]["name"] == "fleet-s3"
+                   for e in template[role]["env"])
+
+
+def test_a_tls_secret_with_only_a_ca_passes_only_the_ca() -> None:
+    app = build_scheduled_spark_application(SPECS["tls-creds-s3-secret"], {"central-tls": {"ca.crt"}})
+    args = job_args(app)
+    assert (args.tls_ca, args.tls_cert, args.tls_key) == (f"{TLS_DIR}/ca.crt", None, None)
+
+
+def test_s3a_output_brings_the_hadoop_aws_connector_and_credentials_from_the_secret() -> None:
+    template = build_scheduled_spark_application(SPECS["tls-creds-s3-secret"])["spec"]["template"]
+    assert template["deps"] == {"packages": [HADOOP_AWS]}
+    assert template["sparkConf"]["spark.jars.ivy"] == IVY_DIR
+    assert template["hadoopConf"]["fs.s3a.aws.credentials.provider"] == S3_PROVIDER_ENV
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in template["executor"]["env"]}
+    assert env == {
+        "AWS_ACCESS_KEY_ID": {"name": "fleet-s3", "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "fleet-s3", "key": "AWS_SECRET_ACCESS_KEY"},
+    }
+    assert template["driver"]["env"] == template["executor"]["env"]
+
+    identity = build_scheduled_spark_application(SPECS["s3a-pod-identity"])["spec"]["template"]
+    assert identity["deps"] == {"packages": [HADOOP_AWS]}
+    assert "env" not in identity["driver"] and "env" not in identity["executor"]  # no Secret named
+    assert identity["hadoopConf"] == {"fs.s3a.aws.credentials.provider": S3_PROVIDER_DEFAULT}
+
+
+def test_hadoop_aws_matches_the_hadoop_bundled_in_the_installed_pyspark() -> None:
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    versions = {p.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+                for p in jars.glob("hadoop-client-api-*.jar")}
+    assert versions == {HADOOP_VERSION}
+    assert HADOOP_AWS == f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}"
+
+
+@pytest.mark.parametrize(
+    ("output", "changes", "message"),
+    [
+        ("gs://fleet/x", {}, r"gs:// file system connector.*spec\.fleetHealth\.packages.*gcs-connector"),
+        ("abfss://c@acct.dfs.core.windows.net/x", {}, r"spec\.fleetHealth\.packages.*hadoop-azure"),
+        ("abfs://c@acct.dfs.core.windows.net/x", {"packages": ["org.example:other:1.0"]}, "hadoop-azure"),
+        ("s3://fleet/x", {}, "write s3a://"),
+        ("/data/fleet", {"s3": {"credentialsSecret": {"name": "fleet-s3"}}}, r"spec\.fleetHealth\.s3"),
+    ],
+)
+def test_object_stores_without_their_connector_are_refused(output: str, changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        build_scheduled_spark_application(resource(output=output, **changes))
+
+
+def test_a_declared_connector_is_used() -> None:
+    template = build_scheduled_spark_application(SPECS["gcs-with-connector"])["spec"]["template"]
+    assert template["deps"] == {"packages": ["com.google.cloud.bigdataoss:gcs-connector:hadoop3-2.2.26"]}
+    assert "hadoopConf" not in template
+
+
+def test_the_s3_secret_is_checked_like_the_other_secrets() -> None:
+    from replication_operator.builders import secret_needs
+    from replication_operator.spec import parse_spec
+
+    needs = {(n.secret, n.key) for n in secret_needs(parse_spec(SPECS["tls-creds-s3-secret"]))}
+    assert {("fleet-s3", "AWS_ACCESS_KEY_ID"), ("fleet-s3", "AWS_SECRET_ACCESS_KEY"), ("central-tls", None),
+            ("central-nats", "replicator.creds")} <= needs
