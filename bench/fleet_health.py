@@ -7,9 +7,12 @@ materialisation (`write.format("noop")`, every column) with 1, 2 and 4 partition
 after the session is up and one untimed warm-up read (JVM JIT, Python workers). The readers take
 turns over two rounds, and each figure is the best of its two. Then the whole job runs over
 everything (parse, de-duplicate, fold, Parquet, KV summary), and once more after 1% more advisories.
+Last, the same read (2 partitions, best of two) and a whole first run over all advisories on a
+standalone cluster started from the installed PySpark (one worker, 2 cores; the driver here, the
+executor in its own JVM and Python workers), its tables compared with local[2]'s.
 
-Acceptance: with 2 partitions the Spark read is at least as fast as the plain loop (exit status 1
-otherwise).
+Acceptance: on local[2] with 2 partitions the Spark read is at least as fast as the plain loop, and
+the cluster's tables equal local[2]'s (exit status 1 otherwise).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.js.api import StreamConfig
@@ -112,6 +116,7 @@ async def fetch_loop(url: str, count: int) -> float:
 @dataclass
 class Row:
     name: str
+    master: str
     partitions: int
     rows: int
     seconds: float
@@ -121,11 +126,44 @@ class Row:
         return self.rows / self.seconds
 
 
-def run(messages: int, report: Callable[[str], None] = print) -> tuple[list[Row], bool]:
+def _spark_read(spark: Any, url: str, partitions: int, end: int) -> float:
+    df = (
+        spark.read.format("jetstream")
+        .option("url", url)
+        .option("stream", STREAM)
+        .option("end_seq", str(end))
+        .option("partitions", str(partitions))
+        .load()
+    )
+    start = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - start
+
+
+def _whole_job(spark: Any, url: str, out: str, now: int) -> tuple[Any, float]:
     from replicator.fleet_health.job import run_fleet_health
+
+    start = time.perf_counter()
+    result = run_fleet_health(url, STREAM, out, partitions=2, now=now, spark=spark)
+    return result, time.perf_counter() - start
+
+
+def cluster_session(master: str) -> Any:
+    """A driver in this process, executors on the standalone cluster: one executor with both cores."""
     from replicator.fleet_health.session import spark_session
+    from replicator.fleet_health.standalone import SUBMIT_CONF
+
+    conf = {**SUBMIT_CONF, "spark.driver.memory": "2g", "spark.executor.memory": "1536m",
+            "spark.executor.cores": "2", "spark.cores.max": "2", "spark.pyspark.python": sys.executable}
+    return spark_session(master, conf)
+
+
+def run(messages: int, report: Callable[[str], None] = print) -> tuple[list[Row], bool]:
+    from replicator.fleet_health.session import spark_session
+    from replicator.fleet_health.standalone import StandaloneSpark
 
     nodes = max(1, messages // len(EVENTS))
+    rows: list[Row] = []
     with (
         tempfile.TemporaryDirectory(prefix="sr-bench-fh-") as tmp,
         LocalNatsServer(name="bench-fleet-health", store_dir=Path(tmp) / "js") as server,
@@ -134,55 +172,54 @@ def run(messages: int, report: Callable[[str], None] = print) -> tuple[list[Row]
         report(f"published {messages:,} advisories in {seconds:.1f} s ({messages / seconds:,.0f}/s)")
         spark = spark_session("local[2]", {"spark.driver.memory": "2g"})
         try:
-
-            def spark_read(partitions: int, end: int = messages) -> float:
-                df = (
-                    spark.read.format("jetstream")
-                    .option("url", server.url)
-                    .option("stream", STREAM)
-                    .option("end_seq", str(end))
-                    .option("partitions", str(partitions))
-                    .load()
-                )
-                start = time.perf_counter()
-                df.write.format("noop").mode("overwrite").save()
-                return time.perf_counter() - start
-
-            spark_read(2, min(messages, 200_000))  # warm-up, untimed
+            _spark_read(spark, server.url, 2, min(messages, 200_000))  # warm-up, untimed
             # Interleaved rounds, best of each: background load hits every reader alike.
             best: dict[int, float] = {}
             for _ in range(ROUNDS):
                 for partitions in (0, *SPARK_PARTITIONS):
                     if partitions:
-                        seconds = spark_read(partitions)
+                        seconds = _spark_read(spark, server.url, partitions, messages)
                     else:
                         seconds = asyncio.run(plain_loop(server.url, messages))
                     best[partitions] = min(seconds, best.get(partitions, seconds))
-            rows = [Row("plain nats-py loop (the job's reader)", 1, messages, best[0])]
+            rows.append(Row("plain nats-py loop (the job's reader)", "-", 1, messages, best[0]))
             sample = min(messages, 200_000)
-            idiomatic = Row("nats-py fetch(1000) loop", 1, sample, asyncio.run(fetch_loop(server.url, sample)))
-            rows += [Row("spark jetstream source", p, messages, best[p]) for p in SPARK_PARTITIONS]
-            rows.append(idiomatic)
+            idiomatic = Row("nats-py fetch(1000) loop", "-", 1, sample, asyncio.run(fetch_loop(server.url, sample)))
+            rows += [Row("spark jetstream source", "local[2]", p, messages, best[p]) for p in SPARK_PARTITIONS]
 
             out = str(Path(tmp) / "out")
-            start = time.perf_counter()
-            full = run_fleet_health(server.url, STREAM, out, partitions=2, now=T0 + messages, spark=spark)
-            full_seconds = time.perf_counter() - start
+            full, full_seconds = _whole_job(spark, server.url, out, T0 + messages)
+            rows.append(Row("whole job (read, fold, Parquet, KV)", "local[2]", 2, full.read, full_seconds))
             extra = max(1, messages // 100)
             asyncio.run(publish(server.url, messages, extra, nodes))
-            start = time.perf_counter()
-            more = run_fleet_health(server.url, STREAM, out, partitions=2, now=T0 + messages + extra, spark=spark)
-            more_seconds = time.perf_counter() - start
+            more, more_seconds = _whole_job(spark, server.url, out, T0 + messages + extra)
         finally:
             spark.stop()
+
+        # The same on a standalone cluster: one worker with 2 cores, executors in their own JVM.
+        with StandaloneSpark(cores=2, memory="2g", directory=Path(tmp) / "spark") as cluster:
+            spark = cluster_session(cluster.url)
+            try:
+                _spark_read(spark, server.url, 2, min(messages, 200_000))  # warm-up: executors, Python workers
+                cluster_best = min(_spark_read(spark, server.url, 2, messages + extra) for _ in range(ROUNDS))
+                rows.append(Row("spark jetstream source", "standalone (1 worker, 2 cores)", 2, messages + extra,
+                                cluster_best))
+                result, seconds = _whole_job(spark, server.url, str(Path(tmp) / "out-cluster"), T0 + messages + extra)
+                rows.append(Row("whole job (read, fold, Parquet, KV)", "standalone (1 worker, 2 cores)", 2,
+                                result.read, seconds))
+                same = result.fleet == more.fleet and result.sites == more.sites
+            finally:
+                spark.stop()
+        rows.append(idiomatic)
 
     plain = rows[0].rate
     report(
         table(
-            ("reader", "partitions", "rows", "seconds", "rows/s", "x plain loop"),
+            ("reader", "master", "partitions", "rows", "seconds", "rows/s", "x plain loop"),
             [
                 (
                     r.name,
+                    r.master,
                     str(r.partitions),
                     f"{r.rows:,}",
                     f"{r.seconds:.2f}",
@@ -194,14 +231,16 @@ def run(messages: int, report: Callable[[str], None] = print) -> tuple[list[Row]
         )
     )
     report(
-        f"aggregation, full run (2 partitions): {full.read:,} advisories -> {full.fleet['nodes']:,} nodes, "
-        f"{len(full.sites)} sites in {full_seconds:.1f} s ({full.read / full_seconds:,.0f}/s)"
+        f"aggregation, full run on local[2] (2 partitions): {full.read:,} advisories -> {full.fleet['nodes']:,} "
+        f"nodes, {len(full.sites)} sites in {full_seconds:.1f} s ({full.read / full_seconds:,.0f}/s)"
     )
-    report(f"aggregation, incremental run: +{more.read:,} advisories in {more_seconds:.1f} s")
-    two = next(r for r in rows if r.partitions == 2 and r.name.startswith("spark"))
+    report(f"aggregation, incremental run on local[2]: +{more.read:,} advisories in {more_seconds:.1f} s")
+    report(f"standalone cluster's tables equal local[2]'s: {'yes' if same else 'NO'}")
+    two = next(r for r in rows if r.partitions == 2 and r.master == "local[2]" and r.name.startswith("spark"))
     report(f"(last row, for context: nats-py's own fetch loop over the first {rows[-1].rows:,} advisories)")
-    ok = two.rate >= plain
-    report(f"acceptance (2 partitions >= plain loop): {'met' if ok else 'NOT met'} ({two.rate / plain:.2f}x)")
+    ok = two.rate >= plain and same
+    report(f"acceptance (local[2], 2 partitions >= plain loop; cluster = local): {'met' if ok else 'NOT met'} "
+           f"({two.rate / plain:.2f}x)")
     return rows, ok
 
 

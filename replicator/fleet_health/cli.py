@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -65,6 +66,19 @@ def connection_from_args(args: argparse.Namespace) -> NatsConnection:
         raise ValueError(text) from None
 
 
+def check_files(args: argparse.Namespace, connection: NatsConnection) -> None:
+    """Unreadable files fail at start (exit 2), naming the flag, as the replicator's config check does."""
+    for role, path in connection.files.paths().items():
+        if not os.access(path, os.R_OK):
+            flag = "--tls-ssl-dir/--tls-identity" if args.tls_ssl_dir and role in ("ca", "cert", "key") \
+                else _FILE_FLAGS[role]
+            raise ValueError(f"{flag}: file {path} is not readable")
+
+
+_FILE_FLAGS = {"ca": "--tls-ca", "cert": "--tls-cert", "key": "--tls-key", "creds": "--credentials",
+               "jwt": "--user-jwt", "seed": "--nkey-seed"}
+
+
 # The connection's messages name reader options (and the config file's tls keys); here, flags.
 _FLAGS = {"user_jwt": "--user-jwt", "nkey_seed": "--nkey-seed", "credentials": "--credentials",
           "tls_scheme": "--tls-scheme", "cert and key": "--tls-cert and --tls-key", "ssl_dir": "--tls-ssl-dir"}
@@ -87,6 +101,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     try:
         connection = connection_from_args(args)
+        check_files(args, connection)
     except ValueError as err:
         print(f"fleet-health: {err}", file=sys.stderr)
         return 2
