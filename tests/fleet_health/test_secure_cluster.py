@@ -24,8 +24,16 @@ from replicator.fleet_health.connection import NatsConnection, connect
 from replicator.fleet_health.standalone import StandaloneSpark, submit
 from replicator.fleet_health.summary import read_summary
 from replicator.fleet_health.transforms import NODE_COLUMNS
-from tests.fleet_health.helpers import EXPECTED_FLEET, EXPECTED_NODES, EXPECTED_SITES, MESSAGES, NOW, node_tuples, \
-    publish, site_tuples
+from tests.fleet_health.helpers import (
+    EXPECTED_FLEET,
+    EXPECTED_NODES,
+    EXPECTED_SITES,
+    MESSAGES,
+    NOW,
+    node_tuples,
+    publish,
+    site_tuples,
+)
 from tests.support.certs import CertificateAuthority, key_pem, write_client, write_puppet, write_server
 from tests.support.certs import server_tls_block as tls_block
 from tests.support.nats_jwt import Decentralised
