@@ -70,6 +70,9 @@ POLICY_FLAGS = {
                           "for IP addresses (default: *)"),
     "--allow-spark-conf": ("allowed_spark_conf", "a spec.fleetHealth.sparkConf key resources may set "
                            "(default: spark.hadoop.*)"),
+    "--allow-spark-package": ("allowed_spark_packages", "a Maven package (group:artifact:version) resources "
+                              "may load into the fleet-health job through spec.fleetHealth.packages "
+                              "(default: the hadoop-aws, hadoop-azure and gcs-connector connectors)"),
 }
 
 

@@ -26,8 +26,10 @@ SERVICE_ACCOUNT_NOT_ALLOWED = "ServiceAccountNotAllowed"
 SECRET_NOT_ALLOWED = "SecretNotAllowed"
 HOST_NOT_ALLOWED = "HostNotAllowed"
 SPARK_CONF_NOT_ALLOWED = "SparkConfNotAllowed"
+SPARK_PACKAGE_NOT_ALLOWED = "SparkPackageNotAllowed"
 REASONS = frozenset(
-    {IMAGE_NOT_ALLOWED, SERVICE_ACCOUNT_NOT_ALLOWED, SECRET_NOT_ALLOWED, HOST_NOT_ALLOWED, SPARK_CONF_NOT_ALLOWED}
+    {IMAGE_NOT_ALLOWED, SERVICE_ACCOUNT_NOT_ALLOWED, SECRET_NOT_ALLOWED, HOST_NOT_ALLOWED, SPARK_CONF_NOT_ALLOWED,
+     SPARK_PACKAGE_NOT_ALLOWED}
 )
 
 # A Secret's owner opts it in; nobody else's say-so lets a resource mount or read it.
@@ -38,6 +40,14 @@ ANY_HOST = ("*",)
 # Spark settings for the output's file system; `spark.kubernetes.*`, Java options, jars and the
 # like would let an author change the pods' image, service account, Secrets or code.
 DEFAULT_SPARK_CONF = ("spark.hadoop.*",)
+# Maven packages spark-submit loads into the driver and executors (`spec.fleetHealth.packages`): code
+# running with the Spark pods' rights, so by default only the object-store connectors the operator
+# itself names (docs/fleet-health.md#object-storage).
+DEFAULT_SPARK_PACKAGES = (
+    "org.apache.hadoop:hadoop-aws:*",
+    "org.apache.hadoop:hadoop-azure:*",
+    "com.google.cloud.bigdataoss:gcs-connector:*",
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class Policy:
     unlabelled_secrets_namespaces: tuple[str, ...] = ()
     nats_hosts: tuple[str, ...] = ANY_HOST  # host names, or CIDRs for IP addresses
     spark_conf: tuple[str, ...] = DEFAULT_SPARK_CONF
+    spark_packages: tuple[str, ...] = DEFAULT_SPARK_PACKAGES
 
     def summary(self) -> str:
         """One line for the operator's start-up log."""
@@ -74,6 +85,7 @@ class Policy:
             + (f" (any Secret in {_list(self.unlabelled_secrets_namespaces)})"
                if self.unlabelled_secrets_namespaces else "")
             + f"; NATS hosts: {_list(self.nats_hosts)}; sparkConf keys: {_list(self.spark_conf)}"
+            + f"; Spark packages: {_list(self.spark_packages)}"
         )
 
 
@@ -184,6 +196,12 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
             found.append(Violation(SPARK_CONF_NOT_ALLOWED, (
                 f'spec.fleetHealth.sparkConf "{key}" is not an allowed Spark setting (allowed: '
                 f"{_list(policy.spark_conf)}; set by --allow-spark-conf)")))
+
+    for package in fleet.get("packages") or []:
+        if not _matches(str(package), policy.spark_packages):
+            found.append(Violation(SPARK_PACKAGE_NOT_ALLOWED, (
+                f'spec.fleetHealth.packages "{package}" is not an allowed Spark package (allowed: '
+                f"{_list(policy.spark_packages)}; set by --allow-spark-package)")))
     return found
 
 

@@ -54,6 +54,7 @@ POLICY_ENV = (
     ("unlabelled_secrets_namespaces", "STREAM_REPLICATOR_UNLABELLED_SECRETS_NAMESPACES"),
     ("allowed_nats_hosts", "STREAM_REPLICATOR_ALLOWED_NATS_HOSTS"),
     ("allowed_spark_conf", "STREAM_REPLICATOR_ALLOWED_SPARK_CONF"),
+    ("allowed_spark_packages", "STREAM_REPLICATOR_ALLOWED_SPARK_PACKAGES"),
 )
 
 
@@ -77,6 +78,7 @@ class OperatorConfig:
     unlabelled_secrets_namespaces: tuple[str, ...] = ()
     allowed_nats_hosts: tuple[str, ...] = policy.ANY_HOST
     allowed_spark_conf: tuple[str, ...] = policy.DEFAULT_SPARK_CONF
+    allowed_spark_packages: tuple[str, ...] = policy.DEFAULT_SPARK_PACKAGES
     # No cluster-scoped API calls (kopf neither lists namespaces nor watches CRDs): RBAC by Roles only.
     roles_only: bool = False
     certificate_warning: float = 14 * 86400.0  # warn when a mounted certificate expires sooner
@@ -107,6 +109,7 @@ class OperatorConfig:
             unlabelled_secrets_namespaces=self.unlabelled_secrets_namespaces,
             nats_hosts=self.allowed_nats_hosts,
             spark_conf=self.allowed_spark_conf,
+            spark_packages=self.allowed_spark_packages,
         )
 
 

@@ -112,6 +112,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "unlabelledSecretsNamespaces": ["sandbox-*"],
             "allowedNatsHosts": ["*.nats.example.net", "10.20.0.0/16"],
             "allowedSparkConf": ["spark.hadoop.*", "spark.sql.shuffle.partitions"],
+            "allowedSparkPackages": ["org.apache.hadoop:hadoop-aws:3.5.0"],
         }
     },
 }
@@ -528,6 +529,7 @@ def test_policy_values_reach_the_operator() -> None:
         unlabelled_secrets_namespaces=tuple(chosen["unlabelledSecretsNamespaces"]),
         nats_hosts=tuple(chosen["allowedNatsHosts"]),
         spark_conf=tuple(chosen["allowedSparkConf"]),
+        spark_packages=tuple(chosen["allowedSparkPackages"]),
     )
     operator_defaults = dataclasses.replace(OperatorConfig().make_policy(), own_images=own)
     assert policy_of({}) == operator_defaults

@@ -123,7 +123,7 @@ def test_settings_from_environment_and_flags() -> None:
     }
     args = cli.build_parser().parse_args([
         "-n", "team-a", "--roles-only", "--allow-service-account", "sr-*,team-a/x",
-        "--allow-spark-conf", "spark.sql.*",
+        "--allow-spark-conf", "spark.sql.*", "--allow-spark-package", "org.example:*",
     ])
     assert cli.check_arguments(args) is None
     config = cli.operator_config(args, env)
@@ -134,10 +134,12 @@ def test_settings_from_environment_and_flags() -> None:
     assert rules.service_accounts == ("sr-*", "team-a/x")
     assert rules.nats_hosts == ()  # set to nothing: no host allowed
     assert rules.spark_conf == ("spark.sql.*",)
+    assert rules.spark_packages == ("org.example:*",)
     assert rules.unlabelled_secrets_namespaces == ()
     default = cli.operator_config(cli.build_parser().parse_args(["-A"]), {}).make_policy()
     assert (default.images, default.service_accounts, default.nats_hosts, default.spark_conf) == (
         (), (), ("*",), ("spark.hadoop.*",))
+    assert default.spark_packages == policy.DEFAULT_SPARK_PACKAGES
     for argv in (["-A", "--roles-only"], ["-n", "team-*", "--roles-only"]):
         assert "--roles-only" in str(cli.check_arguments(cli.build_parser().parse_args(argv)))
 
@@ -232,6 +234,14 @@ RULES = {
             "spark.sql.shuffle.partitions") == "8",
         still_refused={"fleetHealth": {"sparkConf": {"spark.kubernetes.driver.container.image": "evil:1"}}},
         loose=dataclasses.replace(FAST, allowed_spark_conf=("spark.hadoop.*", "spark.sql.*")),
+    ),
+    "spark-package": Rule(
+        policy.SPARK_PACKAGE_NOT_ALLOWED, "registrations-region",
+        ask={"fleetHealth": {"packages": ["org.example:tools:1.0"]}},
+        shows=lambda api, n: "org.example:tools:1.0" in (_spark(api, n)["template"].get("deps") or {}).get(
+            "packages", []),
+        still_refused={"fleetHealth": {"packages": ["org.apache.hadoop:hadoop-aws-evil:1"]}},
+        loose=dataclasses.replace(FAST, allowed_spark_packages=(*policy.DEFAULT_SPARK_PACKAGES, "org.example:*")),
     ),
 }
 SECRETS = {"city1-nats": "user.creds", "region-eu-nats": "user.creds", "central-nats": "replicator.creds"}
