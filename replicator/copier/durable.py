@@ -15,6 +15,10 @@ from nats.js.errors import NotFoundError
 
 from replicator.copier.endpoints import ACK_WAIT, Endpoints
 
+# A durable deleted and created again at once by two clients can come back from nats-server with the
+# old one's delivery state (seen with 2.15: start 71 asked, delivery from 31): creation is checked.
+FRESH_ATTEMPTS = 5
+
 
 def at(seq: int) -> dict[str, object]:
     """The consumer settings that start delivery at source sequence `seq`."""
@@ -37,7 +41,16 @@ async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, 
         max_waiting=512,
         **position,  # type: ignore[arg-type]
     )
-    await ep.source_js.add_consumer(ep.source_stream, config)
+    for _ in range(FRESH_ATTEMPTS):
+        info = await ep.source_js.add_consumer(ep.source_stream, config)
+        if not info.delivered or not info.delivered.consumer_seq:
+            return
+        # Another process deleted and created this durable at the same moment, and the server handed
+        # back one that still holds the old delivery state: delete it and create it again.
+        with contextlib.suppress(NotFoundError):
+            await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
+    raise RuntimeError(f"durable {ep.profile.durable_name} kept an old delivery state after "
+                       f"{FRESH_ATTEMPTS} attempts to create it afresh")
 
 
 async def park(ep: Endpoints, committed: int, max_in_flight: int) -> None:

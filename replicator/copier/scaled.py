@@ -20,6 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from replicator.copier.control import Backoff, Stopper, wait_wake
+from replicator.copier.durable import FRESH_ATTEMPTS
 from replicator.copier.endpoints import (
     ACK_WAIT,
     POISON_ATTEMPTS,
@@ -243,15 +244,34 @@ class ScaledWorker:
         await self._settle()
 
 
+# One creation of a group's durable at a time in a process: workers that delete and create it
+# together can get it back from the server with the old delivery state (durable.FRESH_ATTEMPTS).
+_GROUP_LOCKS: dict[str, asyncio.Lock] = {}
+
+
 async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:
-    """The shared durable: created once (first-start position), then just bound by every worker."""
+    """The shared durable: created once (first-start position), then just bound by every worker.
+    After a hand-over (`resume_after`) a durable still behind it is replaced; one that comes back
+    behind it anyway (another pod replacing it at the same moment) is replaced again."""
     name = ep.profile.group_name
     handed_over = ep.profile.settings.resume_after or 0
+    async with _GROUP_LOCKS.setdefault(f"{ep.source_stream}/{name}", asyncio.Lock()):
+        for _ in range(FRESH_ATTEMPTS):
+            delivered = await _ensure_group_consumer(ep, max_in_flight, name, handed_over)
+            if delivered >= handed_over:
+                return
+            log.warning("%s: consumer %s came back at %d, behind %d: replacing it again", ep.worker, name,
+                        delivered, handed_over)
+        raise RuntimeError(f"consumer {name} stays behind sequence {handed_over} after {FRESH_ATTEMPTS} attempts")
+
+
+async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str, handed_over: int) -> int:
+    """The durable's last delivered stream sequence once it exists."""
     try:
         info = await ep.source_js.consumer_info(ep.source_stream, name)
         floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
         if floor >= handed_over:
-            return
+            return max(floor, info.delivered.stream_seq or 0) if info.delivered else floor
         # Left from before another engine copied up to `resume_after`: it would copy that again.
         log.info("%s replaces consumer %s (ack floor %d, copied elsewhere up to %d)",
                  ep.worker, name, floor, handed_over)
@@ -269,7 +289,8 @@ async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:
         **start_position(ep.profile),  # type: ignore[arg-type]
     )
     try:
-        await ep.source_js.add_consumer(ep.source_stream, config)
+        info = await ep.source_js.add_consumer(ep.source_stream, config)
     except Exception:
         # Another worker or pod created it first with the same settings: bind to that one.
-        await ep.source_js.consumer_info(ep.source_stream, name)
+        info = await ep.source_js.consumer_info(ep.source_stream, name)
+    return info.delivered.stream_seq or 0 if info.delivered else 0
