@@ -15,6 +15,7 @@ from nats.js.errors import NotFoundError
 
 from replicator.copier.endpoints import ACK_WAIT, Endpoints
 
+WRITE_NOTE = "stream-replicator.write"  # how the target is written (`batching.py`), for `report`
 # A durable deleted and created again at once by two clients can come back from nats-server with the
 # old one's delivery state (seen with 2.15: start 71 asked, delivery from 31): creation is checked.
 FRESH_ATTEMPTS = 5
@@ -25,8 +26,10 @@ def at(seq: int) -> dict[str, object]:
     return {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": seq}
 
 
-async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, *, delete: bool = True) -> None:
-    """Create the durable at `position` (`at(seq)`, or a first-start position), replacing it."""
+async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, *, delete: bool = True,
+                write_path: str | None = None) -> None:
+    """Create the durable at `position` (`at(seq)`, or a first-start position), replacing it;
+    `write_path` is noted in its metadata."""
     if delete:
         with contextlib.suppress(NotFoundError):
             await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
@@ -39,6 +42,7 @@ async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, 
         max_ack_pending=max_in_flight * 2,
         filter_subject=ep.profile.settings.topic,
         max_waiting=512,
+        metadata={WRITE_NOTE: write_path} if write_path else None,
         **position,  # type: ignore[arg-type]
     )
     for _ in range(FRESH_ATTEMPTS):
@@ -53,10 +57,10 @@ async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, 
                        f"{FRESH_ATTEMPTS} attempts to create it afresh")
 
 
-async def park(ep: Endpoints, committed: int, max_in_flight: int) -> None:
+async def park(ep: Endpoints, committed: int, max_in_flight: int, write_path: str | None = None) -> None:
     """At a clean stop: recreate the durable at `committed + 1` when it holds delivered but
     unacknowledged messages (pulled, never published), which a restart would otherwise have to
     treat as uncertain and search the target for."""
     info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.durable_name)
     if info.num_ack_pending:
-        await place(ep, at(committed + 1), max_in_flight)
+        await place(ep, at(committed + 1), max_in_flight, write_path=write_path)

@@ -5,21 +5,19 @@ decisions every loop shares: first-start position, max_age and sampling verdicts
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from replicator.config.model import Profile
 from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.limiter import Pending
-from replicator.transport.jetstream import (
-    ACK_TIMESTAMP,
-)
+from replicator.transport.jetstream import ACK_TIMESTAMP
+from replicator.transport.wire import RawMsg
 
 PUBLISH_TIMEOUT = 5.0
 ACK_WAIT = 30.0
@@ -31,12 +29,12 @@ class Decider(Protocol):
     rates, costs no await), else returns what `settle` needs to decide with the shared store;
     `flush` publishes its counts, once per batch."""
 
-    def check(self, subject: str, headers: dict[str, str] | None, payload: bytes) -> bool | Pending: ...
+    def check(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending: ...
     async def settle(self, pending: Pending) -> bool: ...
     def flush(self) -> None: ...
 
 
-def verdict(ep: Endpoints, msg: Msg, tokens: list[str]) -> bool | Pending:
+def verdict(ep: Endpoints, msg: RawMsg, tokens: list[str]) -> bool | Pending:
     """Copy this delivery? Not when older than `max_age` (counted) or sampled out; `Pending` when
     only `settle` can tell. Synchronous, because at fleet rates most answers need no waiting."""
     max_age = ep.profile.settings.max_age

@@ -12,8 +12,10 @@ in one table (`RULES`), the same for ordered and scaled mode:
 
 The decision depends on the header *name* only (`decide`), plus two facts about the message (a
 subject-delete marker is inert as a whole; a message that already crossed a replicator hop has a
-replicator's `Nats-Msg-Id`), so the same table can drive a scan of raw header bytes. nats-server
-matches header names case-sensitively, and so does this table.
+replicator's `Nats-Msg-Id`). The copy path applies it to the raw header block (`apply_block`):
+lines are dropped or renamed by name and every other byte is kept, so repeated names and padded
+values survive exactly; `apply` is the same policy on a parsed dict. nats-server matches header
+names case-sensitively, exactly up to the colon, and so does this table.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from enum import StrEnum
 from replicator.copier.provenance import MSG_ID, PROVENANCE
 
 RENAMED = "Stream-Replicator-Orig-"
+_RENAMED = RENAMED.encode()
+_PROVENANCE = PROVENANCE.encode()
+_MSG_ID = MSG_ID.encode()
+_PLAIN = b"NATS/1.0\r\n"
 MARKER = "Nats-Marker-Reason"
 INCR = "Nats-Incr"
 
@@ -37,11 +43,13 @@ class Action(StrEnum):
 
 @dataclass(frozen=True)
 class TargetFeatures:
-    """The target stream's switches that decide whether an `honour` rule keeps its header."""
+    """The target stream's switches that decide whether an `honour` rule keeps its header (and
+    whether ordered mode may write in fast-ingest batches, `batching.py`)."""
 
     ttl: bool = False  # allow_msg_ttl
     rollup: bool = False  # allow_rollup_hdrs and not deny_purge
     counter: bool = False  # allow_msg_counter
+    batched: bool = False  # allow_batched (server 2.14+)
 
     @classmethod
     def of(cls, config: object) -> TargetFeatures:
@@ -50,6 +58,7 @@ class TargetFeatures:
             ttl=bool(getattr(config, "allow_msg_ttl", False)),
             rollup=bool(getattr(config, "allow_rollup_hdrs", False)) and not getattr(config, "deny_purge", False),
             counter=bool(getattr(config, "allow_msg_counter", False)),
+            batched=bool(getattr(config, "allow_batched", False)),
         )
 
     def has(self, feature: str | None) -> bool:
@@ -147,6 +156,16 @@ class Applied:
     chainable: bool = True  # False: must not carry Nats-Expected-* (the server refuses them with Nats-Incr)
 
 
+@dataclass(slots=True)
+class AppliedBlock:
+    """A source message's header block after the policy, without its closing empty line, so this
+    hop's own lines can be appended; and what that implies for the publish."""
+
+    head: bytes
+    empty_payload: bool = False
+    chainable: bool = True
+
+
 class HeaderPolicy:
     """`RULES` applied for one target stream's features."""
 
@@ -177,4 +196,39 @@ class HeaderPolicy:
             value = out.pop(name)
             if decision.action is Action.RENAME and not (name == MSG_ID and hopped):
                 out.setdefault(RENAMED + name, value)  # an earlier hop's original wins
+        return applied
+
+    def apply_block(self, block: bytes | None) -> AppliedBlock:
+        """The policy on a raw header block (`NATS/1.0\\r\\nName: value\\r\\n...\\r\\n`): lines the
+        policy strips are dropped, renamed ones get the prefix, a previous hop's provenance goes
+        (this hop adds its own); every other byte is kept."""
+        if not block:
+            return AppliedBlock(_PLAIN)
+        head = block[:-2] if block.endswith(b"\r\n\r\n") else block.rstrip(b"\r\n") + b"\r\n"
+        if b"\nNats-" not in head and b"\n" + _PROVENANCE not in head:
+            return AppliedBlock(head)  # the common case: nothing the server interprets
+        lines = head.split(b"\r\n")[:-1]
+        names = [line[:line.find(b":")] if b":" in line else b"" for line in lines]
+        features = NO_FEATURES if MARKER.encode() in names else self.features
+        hopped = _PROVENANCE in names
+        existing = set(names)
+        applied = AppliedBlock(b"")
+        out = [lines[0]]
+        for line, name in zip(lines[1:], names[1:], strict=True):
+            if name == _PROVENANCE:
+                continue
+            if not name.startswith(b"Nats-"):
+                out.append(line)
+                continue
+            decision = decide(name.decode("latin-1"), features)
+            if decision.action is Action.KEEP:
+                out.append(line)
+            elif decision.action is Action.HONOUR:
+                out.append(line)
+                if name == INCR.encode():
+                    applied.empty_payload, applied.chainable = True, False
+            elif decision.action is Action.RENAME:
+                if not (name == _MSG_ID and hopped) and _RENAMED + name not in existing:
+                    out.append(_RENAMED + line)  # an earlier hop's original wins
+        applied.head = b"\r\n".join(out) + b"\r\n"
         return applied

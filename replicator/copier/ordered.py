@@ -7,6 +7,10 @@ Recovery learns what landed (from the PubAcks, or from the target when an answer
 it, and republishes the rest, the first one alone (no predecessor check, so a server that lost
 its last-id after a restart, or another writer, cannot wedge the chain). The source is acked
 cumulatively (AckAll) only after the target acknowledged.
+
+Where the target stream allows it, a backlog is written in fast-ingest batches instead, confirmed
+by flow acks rather than a PubAck each (`batching.py`); the chain, the recovery and the
+acknowledgement rule stay the same.
 """
 
 from __future__ import annotations
@@ -18,9 +22,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from nats.aio.msg import Msg
-
 from replicator.copier import durable
+from replicator.copier.batching import BatchWriter, State, state
 from replicator.copier.control import Backoff, Stopper, wait_wake
 from replicator.copier.endpoints import (
     POISON_ATTEMPTS,
@@ -31,7 +34,7 @@ from replicator.copier.endpoints import (
     start_position,
     verdict,
 )
-from replicator.copier.failures import Failure, classify, uncertain
+from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
 from replicator.copier.poison import StuckWatch, describe, give_up
 from replicator.copier.position import (
@@ -39,11 +42,11 @@ from replicator.copier.position import (
     Resume,
     TargetPosition,
     ack_seq,
-    link,
     resume_point,
 )
-from replicator.copier.provenance import MSG_ID, stream_identity
-from replicator.copier.transform import Copy, MessageTransform
+from replicator.copier.provenance import stream_identity
+from replicator.copier.transform import MessageTransform
+from replicator.copier.window import Entry, any_unsure, batch_failure, landed, reset, settled
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import (
     ACK_CONSUMER_SEQ,
@@ -57,37 +60,13 @@ from replicator.transport.jetstream import (
     ack,
     ack_tokens,
 )
-from replicator.transport.streams import stream_created
+from replicator.transport.streams import set_consumer_note, stream_created
+from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
 
 
 MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024
-
-
-@dataclass(slots=True)
-class Entry:
-    """One message in the ordered window, on its way to the target, and the skipped (sampled out,
-    too old) deliveries behind it: they are done when it is, and need no entry of their own."""
-
-    msg: Msg
-    seq: int
-    ts: int  # source timestamp, ns
-    received: float
-    copy: Copy
-    future: asyncio.Future[bytes] | None = None
-    sent_at: float = 0.0
-    attempts: int = 0
-    skipped_seq: int = 0
-    skipped_reply: str = ""
-
-    @property
-    def last_seq(self) -> int:
-        return self.skipped_seq or self.seq
-
-    @property
-    def last_reply(self) -> str:
-        return self.skipped_reply or self.msg.reply
 
 
 @dataclass
@@ -100,10 +79,12 @@ class OrderedCopier:
     def __post_init__(self) -> None:
         s = self.ep.profile.settings
         self.window: deque[Entry] = deque()
+        self.unsent: deque[Entry] = deque()  # the window's tail not yet published, in order
         self.max_in_flight = s.max_in_flight
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
+        self.writer = BatchWriter(self.ep.target_nc, self.wake, self.max_in_flight, self.ep.worker)
         self.puller: Puller | None = None
         self.position: TargetPosition | None = None
         self.committed = 0  # highest source sequence copied or skipped, in order
@@ -111,12 +92,13 @@ class OrderedCopier:
         self.bound_at_ns = 0  # wall clock of the last bind: copies sent since landed after it
         self.ack_due: str | None = None  # reply subject of `committed` while not yet acked (AckAll)
         self.lag: str | None = None  # pending count of the latest delivery, set once per batch
-        self.last_id: str | None = None  # Nats-Msg-Id of the last message published in the chain
+        self.last_id: bytes | None = None  # Nats-Msg-Id of the last message published in the chain
         self.chain_open = False  # False: the next publish goes alone, without predecessor check
         self.backoff = Backoff()
         self.blocked_since: float | None = None
         self.stuck = StuckWatch(self.ep, self.ep.profile.durable_name)
         self.avg_size = 1024.0  # payload bytes per message, learned as messages arrive
+        self.path_shown = ""
         # Consumer (delivery) sequence of the last message delivered: deliveries count up by one, so
         # a jump means messages were lost in transit (a cut link) and must be fetched again.
         self.last_cseq = 0
@@ -130,7 +112,30 @@ class OrderedCopier:
 
     async def _read_features(self) -> None:
         info = await self.ep.target_js.stream_info(self.ep.target_stream)
-        self.transform.set_features(TargetFeatures.of(info.config))
+        features = TargetFeatures.of(info.config)
+        self.transform.set_features(features)
+        if features.batched != self.writer.enabled or not self.path_shown:
+            self.writer.enabled = features.batched
+            await self._show_path()
+
+    async def _show_path(self) -> None:
+        """Log and export how the target is written (after every change)."""
+        path = self.writer.path
+        if path == self.path_shown:
+            return
+        changed = bool(self.path_shown)
+        self.path_shown = path
+        ep = self.ep
+        ep.metrics.write_path(path)
+        if changed:  # at runtime (the durable is created with the note)
+            with contextlib.suppress(Exception):
+                await set_consumer_note(ep.source_js, ep.source_stream, ep.profile.durable_name, durable.WRITE_NOTE,
+                                        path)
+        if path == "batch":
+            log.info("%s writes to target stream %s in fast-ingest batches", ep.worker, ep.target_stream)
+        else:
+            log.info("%s writes to target stream %s per message (it does not allow batched publishing)",
+                     ep.worker, ep.target_stream)
 
     async def bind(self) -> None:
         """(Re)create the durable at the resume point: the server's redelivery order cannot be trusted
@@ -150,7 +155,7 @@ class OrderedCopier:
             if handed_over >= where.next_seq:  # copied by another engine: its copies carry no provenance
                 where = Resume(handed_over + 1, True, where.target_seq)
         position = durable.at(where.next_seq) if where.resuming else start_position(ep.profile)
-        await durable.place(ep, position, self.max_in_flight)
+        await durable.place(ep, position, self.max_in_flight, write_path=self.writer.path)
         self.committed = where.next_seq - 1 if where.resuming else 0
         self.confirmed_target = where.target_seq
         self.bound_at_ns = time.time_ns()
@@ -165,6 +170,7 @@ class OrderedCopier:
     async def run(self) -> None:
         ep = self.ep
         await self.publisher.start()
+        await self.writer.start()
         try:
             while not self.stopper.stopping:
                 try:
@@ -184,12 +190,14 @@ class OrderedCopier:
             ep.ready(False)
             if self.puller:
                 await self.puller.stop()
+            await self.writer.stop()
             await self.publisher.stop()
 
     async def _loop(self) -> None:
         assert self.puller is not None
         puller = self.puller
         idle_checks = 0.0
+        wait = 1.0
         while not self.stopper.stopping:
             # Ask for up to a whole window beyond the window (the consumer's max_ack_pending), so
             # the fetch round trip to the source overlaps the publish round trip to the target even
@@ -199,7 +207,7 @@ class OrderedCopier:
             held = (len(self.window) + len(puller.buffer) + puller.requested) * self.avg_size
             if room > 0 and held < MAX_BYTES_IN_FLIGHT:
                 await puller.request(min(room, max(puller.batch, int(MAX_BYTES_IN_FLIGHT / self.avg_size))))
-            await wait_wake(self.wake, 1.0)
+            await wait_wake(self.wake, wait)
             if puller.last_status is not None:
                 status, text = puller.last_status
                 puller.last_status = None
@@ -216,7 +224,9 @@ class OrderedCopier:
                 self.ep.metrics.received_msgs.inc(admitted)
                 self.ep.metrics.received_bytes.inc(received_bytes)
                 self._flush_counts()
+            await self._pump()
             await self._drain()
+            wait = await self.writer.tick(idle=not self.unsent and not puller.buffer)
             if self.gap is not None:
                 first, last = self.gap
                 log.warning("%s deliveries %d..%d of consumer %s were lost in transit: fetching them again",
@@ -228,7 +238,7 @@ class OrderedCopier:
                 idle_checks = now
                 await self._check_stalled(now)
 
-    async def _admit(self, msg: Msg) -> bool:
+    async def _admit(self, msg: RawMsg) -> bool:
         """Put a delivered message in the window (and on its way to the target); False if a redelivery."""
         ep = self.ep
         tokens = ack_tokens(msg.reply)
@@ -260,12 +270,9 @@ class OrderedCopier:
         ts = int(tokens[ACK_TIMESTAMP])
         entry = Entry(msg, seq, ts, time.monotonic(), self.transform.build(msg, seq, ts))
         window.append(entry)
-        if self.chain_open and entry.copy.chainable:
-            await self._send(entry)
-        elif window[0] is entry:
+        self.unsent.append(entry)
+        if not self.chain_open and window[0] is entry:
             await self._send_alone(entry)
-        elif not entry.copy.chainable:
-            self.chain_open = False  # it goes alone once it heads the window; the rest wait for it
         return True
 
     def _flush_counts(self) -> None:
@@ -275,16 +282,32 @@ class OrderedCopier:
     def _first_copy(self) -> Entry | None:
         return self.window[0] if self.window else None
 
-    async def _publish(self, entry: Entry, predecessor: str | None) -> asyncio.Future[bytes]:
+    async def _pump(self) -> None:
+        """Publish the unsent tail of the window, chained, in order: into a fast-ingest batch when
+        the writer takes it (one open, or a backlog worth one), else one by one."""
+        unsent, writer = self.unsent, self.writer
+        while self.chain_open and unsent:
+            entry = unsent[0]
+            if not entry.copy.chainable:
+                self.chain_open = False  # it goes alone once it heads the window; the rest wait for it
+                break
+            if writer.takes(len(unsent)):
+                sent = await writer.send(entry.copy, self.last_id)
+                if sent is None:
+                    break  # flow control: the batch's acknowledgements wake us
+                entry.batch, entry.bseq = sent
+                entry.attempts += 1
+                entry.sent_at = time.monotonic()
+            else:
+                entry.future = await self._publish(entry, self.last_id)
+            unsent.popleft()
+            self.last_id = entry.copy.msg_id
+
+    async def _publish(self, entry: Entry, predecessor: bytes | None) -> asyncio.Future[bytes]:
         copy = entry.copy
-        link(copy.headers, predecessor)
         entry.sent_at = time.monotonic()
         entry.attempts += 1
-        return await self.publisher.publish(copy.subject, copy.payload, copy.headers)
-
-    async def _send(self, entry: Entry) -> None:
-        entry.future = await self._publish(entry, self.last_id)
-        self.last_id = entry.copy.headers[MSG_ID]
+        return await self.publisher.publish(copy.subject, copy.payload, copy.block(predecessor))
 
     async def _send_alone(self, entry: Entry) -> None:
         """Publish without a predecessor check and wait: the safe way to (re)start the chain."""
@@ -297,15 +320,11 @@ class OrderedCopier:
             return
         except PublishError:
             return
-        self.last_id = entry.copy.headers[MSG_ID]
+        if self.unsent and self.unsent[0] is entry:
+            self.unsent.popleft()
+        self.last_id = entry.copy.msg_id
         self.chain_open = True
-        # Anything admitted behind it while we waited can now go, chained.
-        for later in self.window:
-            if later.future is None and later is not entry:
-                if not later.copy.chainable:
-                    self.chain_open = False
-                    break
-                await self._send(later)
+        await self._pump()  # anything admitted behind it while we waited can now go, chained
 
     async def _drain(self) -> None:
         """Retire the completed prefix of the window in order, then ack the source once (AckAll)."""
@@ -319,14 +338,26 @@ class OrderedCopier:
         last_ack = b""
         while window:
             head = window[0]
-            fut = head.future
-            if fut is None or not fut.done():
-                break
-            err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
-            if err is not None:
-                failed = head, err if isinstance(err, PublishError) else PublishError(str(err))
-                break
-            last_ack = fut.result()
+            batch = head.batch
+            if batch is not None:  # confirmed by the batch's flow acks or its commit
+                if head.bseq > batch.acked:
+                    st = state(batch, head.bseq)
+                    if st is State.PENDING:
+                        break
+                    if st is not State.LANDED:
+                        failed = batch_failure(window, batch, head)
+                        break
+                if head.bseq == batch.sent and batch.pub_ack is not None:
+                    last_ack = batch.pub_ack
+            else:
+                fut = head.future
+                if fut is None or not fut.done():
+                    break
+                err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
+                if err is not None:
+                    failed = head, err if isinstance(err, PublishError) else PublishError(str(err))
+                    break
+                last_ack = fut.result()
             copied += 1
             copied_bytes += len(head.msg.data)
             observe(now - head.received)
@@ -348,7 +379,7 @@ class OrderedCopier:
             await ack(ep.source_nc, reply, m.acks_failed.inc)
         if failed is not None:
             await self._recover(*failed)
-        elif not self.chain_open and window and window[0].future is None:
+        elif not self.chain_open and window and window[0].future is None and window[0].batch is None:
             await self._send_alone(window[0])  # a message that cannot be chained now heads the window
 
     def _count_copied(self, n: int, size: int) -> None:
@@ -365,7 +396,7 @@ class OrderedCopier:
             await self._recover(head, PublishError("publish timed out"))
         elif not self.chain_open:
             first = self._first_copy()
-            if first is not None and first.future is None:
+            if first is not None and first.future is None and first.batch is None:
                 await self._send_alone(first)
 
     async def _recover(self, head: Entry, err: PublishError) -> None:
@@ -375,28 +406,32 @@ class OrderedCopier:
         otherwise nest one frame per failure)."""
         ep = self.ep
         m = ep.metrics
-        kind = classify(err)
-        self._note_failure(head, err, kind)
+        path = self.writer.path_failure(err)  # the target takes no batches: not the message's fault
+        kind = Failure.TRANSIENT if path else classify(err)
+        if not path:
+            self._note_failure(head, err, kind)
         if kind is Failure.UNKNOWN:
             await self.stuck.failed(head.seq, err)
         # Let whatever is still in flight settle, so the target's state stops moving.
         pending = [e.future for e in self.window if e.future is not None and not e.future.done()]
         if pending:
             await asyncio.wait(pending, timeout=PUBLISH_TIMEOUT)
-        unsure = self._unsure()
+        unsure = any_unsure(self.window)
         self.publisher.forget_all()
-        landed: int | None = None
+        self.writer.abandon()
+        await self._show_path()
+        upto: int | None = None
         if unsure:  # an answer was lost: only the target can tell what landed
-            landed = await self._landed_up_to()
-            if landed is None:
+            upto = await self._landed_up_to()
+            if upto is None:
                 self._reset_window()
                 await self.stopper.sleep(self.backoff.next())
                 return
         # Explicit answers tell it all: the chain makes what landed a prefix, acked ones done.
-        while self.window and ((landed is not None and self.window[0].seq <= landed)
-                               or self._acked_ok(self.window[0])):
+        while self.window and ((upto is not None and self.window[0].seq <= upto)
+                               or landed(self.window[0])):
             done = self.window.popleft()
-            _settled(done.future)
+            settled(done.future)
             self._count_copied(1, len(done.msg.data))
             self.committed, self.ack_due = done.last_seq, done.last_reply
         if kind is Failure.POLICY:
@@ -409,7 +444,7 @@ class OrderedCopier:
         self._reset_window()
         if self.committed:
             m.current_sequence.set(self.committed)
-        if kind is not Failure.CHAIN:  # another writer in between: re-send at once
+        if kind is not Failure.CHAIN and not path:  # another writer in between: re-send at once
             await self.stopper.sleep(self.backoff.next())
         first = self._first_copy()
         if first is not None and not self.stopper.stopping:
@@ -434,23 +469,8 @@ class OrderedCopier:
         else:
             log.warning("%s publish of source sequence %d failed: %s", ep.worker, head.seq, describe(err))
 
-    def _unsure(self) -> bool:
-        """Did any publish in the window end without an answer (it may have landed)?"""
-        for e in self.window:
-            fut = e.future
-            if fut is None:
-                continue
-            if not fut.done() or fut.cancelled():
-                return True
-            exc = fut.exception()
-            if exc is not None and (not isinstance(exc, PublishError) or uncertain(exc)):
-                return True
-        return False
-
     def _reset_window(self) -> None:
-        for e in self.window:
-            _settled(e.future)
-            e.future = None
+        self.unsent = reset(self.window)
         self.chain_open = False
 
     async def _refresh_features(self) -> None:
@@ -462,11 +482,6 @@ class OrderedCopier:
             return
         for e in self.window:
             e.copy = self.transform.build(e.msg, e.seq, e.ts)
-
-    @staticmethod
-    def _acked_ok(entry: Entry) -> bool:
-        fut = entry.future
-        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
 
     async def _landed_up_to(self) -> int | None:
         assert self.position is not None
@@ -502,8 +517,10 @@ class OrderedCopier:
         log.warning("%s source stream %s was deleted and created again: copying the new stream from its "
                     "start position", ep.worker, ep.source_stream)
         self.publisher.forget_all()
+        self.writer.abandon()
         self._reset_window()
         self.window.clear()
+        self.unsent.clear()
         self.ack_due = None
         try:
             await self.bind()
@@ -524,7 +541,8 @@ class OrderedCopier:
         ep = self.ep
         resume = max(self.committed, self.window[-1].last_seq if self.window else 0) + 1
         try:
-            await durable.place(ep, durable.at(resume), self.max_in_flight, delete=delete)
+            await durable.place(ep, durable.at(resume), self.max_in_flight, delete=delete,
+                                write_path=self.writer.path)
             await self.puller.restart()
             self.last_cseq = 0
             self.gap = None
@@ -544,24 +562,24 @@ class OrderedCopier:
         while self.window and time.monotonic() < deadline:
             if not self.chain_open:
                 first = self._first_copy()
-                if first is not None and first.future is None:
+                if first is not None and first.future is None and first.batch is None:
                     await self._send_alone(first)
+            await self._pump()
+            await self.writer.commit_now()  # its PubAck confirms the batch's tail
             pending = [e.future for e in self.window if e.future is not None and not e.future.done()]
+            batch = self.writer.batch
+            in_batch = batch is not None and not batch.ended and batch.unconfirmed > 0
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
+            elif in_batch:
+                await wait_wake(self.wake, 0.2)
+                await self.writer.tick(idle=True)  # a silent batch fails (and is recovered) here
             before = len(self.window)
             await self._drain()
-            if len(self.window) == before and not pending:
+            if len(self.window) == before and not pending and not in_batch:
                 break
         with contextlib.suppress(Exception):
             await self.ep.source_nc.flush(timeout=2)
         if not self.window and self.committed:
             with contextlib.suppress(Exception):
-                await durable.park(self.ep, self.committed, self.max_in_flight)
-
-
-def _settled(fut: asyncio.Future[bytes] | None) -> None:
-    """Drop a publish future we no longer wait for, reading its error first: an unread one makes
-    asyncio log "Future exception was never retrieved" with a traceback, once per message."""
-    if fut is not None and fut.done() and not fut.cancelled():
-        fut.exception()
+                await durable.park(self.ep, self.committed, self.max_in_flight, self.writer.path)

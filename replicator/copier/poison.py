@@ -19,14 +19,13 @@ import datetime as dt
 import logging
 import time
 
-from nats.aio.msg import Msg
-
 from replicator.copier.endpoints import PUBLISH_TIMEOUT, Endpoints
 from replicator.copier.failures import UNKNOWN_GRACE
 from replicator.copier.headers import HeaderPolicy
 from replicator.copier.provenance import MSG_ID, PROVENANCE, Writer
 from replicator.transport.jetstream import Publisher, PublishError
 from replicator.transport.streams import set_consumer_note
+from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ def describe(err: PublishError) -> str:
     return f"{err.description} (code {err.code})" if err.code else err.description
 
 
-async def give_up(ep: Endpoints, publisher: Publisher, writer: Writer, msg: Msg, seq: int, ts_ns: int,
+async def give_up(ep: Endpoints, publisher: Publisher, writer: Writer, msg: RawMsg, seq: int, ts_ns: int,
                   subject: str, err: PublishError, attempts: int) -> None:
     """Dead-letter (when configured) or skip one poison message; counted and logged once."""
     m = ep.metrics
@@ -57,16 +56,17 @@ async def give_up(ep: Endpoints, publisher: Publisher, writer: Writer, msg: Msg,
               ep.worker, seq, attempts, describe(err), where)
 
 
-async def _dead_letter(ep: Endpoints, publisher: Publisher, writer: Writer, msg: Msg, seq: int, ts_ns: int,
+async def _dead_letter(ep: Endpoints, publisher: Publisher, writer: Writer, msg: RawMsg, seq: int, ts_ns: int,
                        subject: str, err: PublishError) -> bool:
-    headers = HeaderPolicy().apply(msg.headers).headers  # inert: no feature honoured
-    headers.update({PROVENANCE: writer.provenance(seq, ts_ns), MSG_ID: f"{writer.msg_id(seq)}:dead",
-                    ERROR: describe(err), SUBJECT: subject})
+    head = HeaderPolicy().apply_block(msg.hdr).head  # inert: no feature honoured
+    lines = {PROVENANCE: writer.provenance(seq, ts_ns), MSG_ID: f"{writer.msg_id(seq)}:dead",
+             ERROR: describe(err), SUBJECT: subject}
+    head += "".join(f"{k}: {' '.join(v.splitlines())}\r\n" for k, v in lines.items()).encode()
     assert ep.profile.settings.dead_letter
     for payload in (msg.data, b""):  # too large for the target? then the record without the payload
         if not payload:
-            headers[PAYLOAD_SIZE] = str(len(msg.data))
-        fut = await publisher.publish(ep.profile.settings.dead_letter, payload, headers)
+            head += f"{PAYLOAD_SIZE}: {len(msg.data)}\r\n".encode()
+        fut = await publisher.publish(ep.profile.settings.dead_letter, payload, head + b"\r\n")
         try:
             await asyncio.wait_for(fut, PUBLISH_TIMEOUT)
             return True

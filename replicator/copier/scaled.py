@@ -15,7 +15,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
@@ -51,13 +50,14 @@ from replicator.transport.jetstream import (
     term,
 )
 from replicator.transport.streams import stream_created
+from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class InFlight:
-    msg: Msg
+    msg: RawMsg
     future: asyncio.Future[bytes]
     started: float
     delivered: int
@@ -163,7 +163,7 @@ class ScaledWorker:
             await puller.stop()
             await self.publisher.stop()
 
-    async def _admit(self, msg: Msg) -> None:
+    async def _admit(self, msg: RawMsg) -> None:
         ep = self.ep
         tokens = ack_tokens(msg.reply)
         seq = int(tokens[ACK_STREAM_SEQ])
@@ -176,7 +176,7 @@ class ScaledWorker:
             return
         ts = int(tokens[ACK_TIMESTAMP])
         out = self.transform.build(msg, seq, ts)
-        fut = await self.publisher.publish(out.subject, out.payload, out.headers)
+        fut = await self.publisher.publish(out.subject, out.payload, out.block())
         item = InFlight(msg, fut, time.monotonic(), int(tokens[ACK_DELIVERED]), seq, ts, out.subject)
         self.sent.append(item)
         self.in_flight += 1

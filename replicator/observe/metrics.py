@@ -66,7 +66,13 @@ HISTOGRAMS = {
     "processing_time": "Seconds from receiving a message to acknowledging it on the source",
 }
 
-METRIC_NAMES = sorted(PREFIX + n for n in (*COUNTERS, *GAUGES, *CERTIFICATE_GAUGES, *HISTOGRAMS))
+# Gauges with one more label: 1 for the label value that holds now, 0 for the others.
+STATES = {
+    "write_path": ("path", ("batch", "message"),
+                   "How this worker writes to the target: path=batch (fast-ingest batches) or path=message (1 = now)"),
+}
+
+METRIC_NAMES = sorted(PREFIX + n for n in (*COUNTERS, *GAUGES, *CERTIFICATE_GAUGES, *HISTOGRAMS, *STATES))
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -85,6 +91,8 @@ class Metrics:
             n: Histogram(PREFIX + n, h, LABELS, registry=self.registry, buckets=_BUCKETS)
             for n, h in HISTOGRAMS.items()
         }
+        self.states = {n: Gauge(PREFIX + n, h, (*LABELS, label), registry=self.registry)
+                       for n, (label, _values, h) in STATES.items()}
 
     def worker(self, name: str, worker: str) -> WorkerMetrics:
         return WorkerMetrics(self, name, worker)
@@ -140,3 +148,13 @@ class WorkerMetrics:
         labels = {"name": self.name, "worker": self.worker, "side": side, "certificate": role}
         gauges["certificate_expiry_timestamp_seconds"].labels(**labels).set_function(not_after)
         gauges["certificate_remaining_seconds"].labels(**labels).set_function(lambda: not_after() - time.time())
+
+    def write_path(self, path: str) -> None:
+        """`batch` or `message` (see `copier/batching.py`)."""
+        self._state("write_path", path)
+
+    def _state(self, name: str, value: str) -> None:
+        label, values, _help = STATES[name]
+        family = self.metrics.states[name]
+        for v in values:
+            family.labels(name=self.name, worker=self.worker, **{label: v}).set(1 if v == value else 0)

@@ -1,9 +1,10 @@
 """Pipelined JetStream primitives: a pull client and a publisher that keep many messages in flight.
 
 nats-py's `fetch` and `publish_async` parse a JSON reply and build objects per message; at fleet
-rates that per-message work dominates. These speak the JetStream wire API directly: pull requests
-to `$JS.API.CONSUMER.MSG.NEXT`, acknowledgement replies parsed from their subject, and publish
-acknowledgements judged without JSON unless they carry an error.
+rates that per-message work dominates. These speak the JetStream wire API directly, on raw
+subscriptions (`wire.py`): pull requests to `$JS.API.CONSUMER.MSG.NEXT` whose deliveries arrive
+as `RawMsg`, acknowledgement replies parsed from their subject, and publish acknowledgements
+judged without JSON unless they carry an error.
 """
 
 from __future__ import annotations
@@ -13,25 +14,25 @@ import itertools
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError
 from nats.js import api
 
-STATUS = "Status"
-DESCRIPTION = "Description"
+from replicator.transport.header_block import encode, status
+from replicator.transport.wire import RawMsg, send_hpub, subscribe_raw, unsubscribe_raw
 
 
 class _DirectQueue:
     """Stands in for a subscription's pending queue and hands each message straight to a handler.
 
-    nats-py routes every message through an asyncio.Queue and a task per subscription; for the
-    inboxes that carry a whole stream's worth of messages and acks, that hop costs more than the
-    work itself. Subscribing without a callback and swapping the queue keeps nats-py's parsing,
-    reconnect and unsubscribe logic while skipping the hop.
+    nats-py routes every message through an asyncio.Queue and a task per subscription; for an
+    inbox that carries a whole stream's worth of messages, that hop costs more than the work
+    itself. Subscribing without a callback and swapping the queue keeps nats-py's parsing,
+    reconnect and unsubscribe logic while skipping the hop. (The copy loops go further, past the
+    parsing too: `wire.subscribe_raw`.)
     """
 
     def __init__(self, handler: Callable[[Msg], None]) -> None:
@@ -112,7 +113,7 @@ class Puller:
         self.batch = batch
         self.expires = expires
         self.wake = wake or asyncio.Event()
-        self.buffer: deque[Msg] = deque()
+        self.buffer: deque[RawMsg] = deque()
         self._outstanding: dict[str, list[float]] = {}  # request id -> [remaining, deadline]
         self._arrived = 0  # messages not yet counted against the outstanding requests
         self._ids = itertools.count(1)
@@ -122,14 +123,11 @@ class Puller:
 
     async def start(self) -> None:
         self._inbox = self.nc.new_inbox()
-        self._sub = await direct_subscribe(self.nc, self._inbox + ".*", self._on_msg)
+        self._sub = await subscribe_raw(self.nc, self._inbox + ".*", self._on_msg)
 
     async def stop(self) -> None:
         if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:
-                pass
+            await unsubscribe_raw(self.nc, self._sub)
             self._sub = None
 
     @property
@@ -180,23 +178,25 @@ class Puller:
         self.last_status = None
         await self.start()
 
-    def _on_msg(self, msg: Msg) -> None:
-        headers = msg.headers
-        if not msg.reply and headers and STATUS in headers:
-            status = int(headers[STATUS])
-            if status == 100:  # idle heartbeat
+    def _on_msg(self, subject: str, reply: str, hdr: bytes | None, data: bytes) -> None:
+        if not reply and hdr is not None:
+            st = status(hdr)
+            if st is not None:
+                code, text = st
+                if code == 100:  # idle heartbeat
+                    return
+                # 404 no messages, 408 expired, 409 consumer deleted/leadership change/max waiting:
+                # request over. Status replies come on the request's own reply subject, so they
+                # settle exactly that request.
+                self._count_arrivals()  # its own deliveries arrived before its status
+                self._outstanding.pop(subject.rsplit(".", 1)[-1], None)
+                if code not in (404, 408):
+                    self.last_status = (code, text)
+                self.wake.set()
                 return
-            # 404 no messages, 408 expired, 409 consumer deleted/leadership change/max waiting: request over.
-            # Status replies come on the request's own reply subject, so they settle exactly that request.
-            self._count_arrivals()  # its own deliveries arrived before its status
-            self._outstanding.pop(msg.subject.rsplit(".", 1)[-1], None)
-            if status not in (404, 408):
-                self.last_status = (status, headers.get(DESCRIPTION, ""))
-            self.wake.set()
-            return
         # Messages carry their original subject, not the request's: see `_count_arrivals`.
         self._arrived += 1
-        self.buffer.append(msg)
+        self.buffer.append(RawMsg(subject, reply, hdr, data))
         self.wake.set()
 
 
@@ -214,28 +214,24 @@ class Publisher:
 
     async def start(self) -> None:
         self._prefix = self.nc.new_inbox()
-        self._sub = await direct_subscribe(self.nc, self._prefix + ".*", self._on_ack)
+        self._sub = await subscribe_raw(self.nc, self._prefix + ".*", self._on_ack)
 
     async def stop(self) -> None:
-        for fut in self._futures.values():
-            if not fut.done():
-                fut.cancel()
-        self._futures.clear()
+        self.forget_all()
         if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:
-                pass
+            await unsubscribe_raw(self.nc, self._sub)
             self._sub = None
 
     async def publish(
-        self, subject: str, data: bytes, headers: dict[str, str] | None
+        self, subject: str, data: bytes, headers: bytes | Mapping[str, str] | None
     ) -> asyncio.Future[bytes]:
+        """`headers`: a header block (`header_block`), or a mapping to encode as one."""
         token = str(next(self._ids))
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._futures[token] = fut
+        hdr = headers if headers is None or isinstance(headers, bytes) else encode(headers)
         try:
-            await send_hpub(self.nc, subject, f"{self._prefix}.{token}", headers, data)
+            await send_hpub(self.nc, subject, f"{self._prefix}.{token}", hdr, data)
         except Exception as err:
             self._futures.pop(token, None)
             fut.set_exception(PublishError(f"publish failed: {type(err).__name__}: {err}"))
@@ -248,53 +244,30 @@ class Publisher:
                 fut.cancel()
         self._futures.clear()
 
-    def _on_ack(self, msg: Msg) -> None:
-        token = msg.subject.rsplit(".", 1)[-1]
-        fut = self._futures.pop(token, None)
+    def _on_ack(self, subject: str, reply: str, hdr: bytes | None, data: bytes) -> None:
+        fut = self._futures.pop(subject.rsplit(".", 1)[-1], None)
         if fut is None or fut.done():
             return
-        headers = msg.headers
-        if headers and STATUS in headers:
-            status = int(headers[STATUS])
-            text = "no stream captures the subject" if status == 503 else headers.get(DESCRIPTION, "")
-            fut.set_exception(PublishError(text or f"status {status}", status=status))
-        elif b'"error"' in msg.data:
-            err = json.loads(msg.data).get("error", {})
-            fut.set_exception(PublishError(err.get("description", "error"), int(err.get("err_code", 0)),
-                                           int(err.get("code", 0))))
+        err = pub_ack_error(hdr, data)
+        if err is None:
+            fut.set_result(data)
         else:
-            fut.set_result(msg.data)
+            fut.set_exception(err)
         if self.wake is not None:
             self.wake.set()
 
 
-async def send_hpub(nc: Client, subject: str, reply: str, headers: dict[str, str] | None, data: bytes) -> None:
-    """`nc.publish` with headers, minus its per-key regex and per-byte translate.
-
-    Our headers come from a parsed NATS message plus values we built, so they are already valid;
-    building the HPUB frame in one pass halves the cost of a copy. The connection-state checks
-    are nats-py's own, so buffering during a reconnect behaves exactly as with `publish`.
-    """
-    if not headers:
-        await nc.publish(subject, data, reply=reply)
-        return
-    if nc.is_closed:
-        raise ConnectionClosedError
-    size = len(data)
-    if not nc.is_connected and (nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size):
-        raise OutboundBufferLimitError
-    hdr = ("NATS/1.0\r\n" + "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) + "\r\n").encode()
-    hlen = len(hdr)
-    # The server limits headers + payload; going over is a protocol violation that closes the
-    # connection for good (nats-py does not reconnect after an -ERR). Refuse it here instead.
-    if hlen + size > nc._max_payload:
-        raise MaxPayloadError
-    cmd = b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), hlen, hlen + size, hdr, data)
-    nc.stats["out_msgs"] += 1
-    nc.stats["out_bytes"] += size
-    await nc._send_command(cmd)
-    if nc._flush_queue is not None and nc._flush_queue.empty():
-        await nc._flush_pending()
+def pub_ack_error(hdr: bytes | None, data: bytes) -> PublishError | None:
+    """The error in a publish acknowledgement (a status reply or JetStream's error JSON), if any."""
+    st = status(hdr)
+    if st is not None:
+        code, text = st
+        text = "no stream captures the subject" if code == 503 else text
+        return PublishError(text or f"status {code}", status=code)
+    if b'"error"' in data:
+        err = json.loads(data).get("error", {})
+        return PublishError(err.get("description", "error"), int(err.get("err_code", 0)), int(err.get("code", 0)))
+    return None
 
 
 async def ack(nc: Client, reply: str, on_error: Callable[[], None]) -> None:

@@ -68,11 +68,22 @@ async def ensure_target_stream(
         republish=None,
         placement=None,
         description=f"replicated from {source_stream} by stream-replicator",
+        # Lets the ordered copier write in fast-ingest batches (copier/batching.py); 2.14+ only.
+        allow_batched=True if batches_supported(target_js) else source_cfg.allow_batched,
     )
     cfg = _drop_unset(cfg)
     await target_js.add_stream(cfg)
     log.info("created target stream %s with subjects %s", name, subjects)
     return name
+
+
+def batches_supported(js: JetStreamContext) -> bool:
+    """Does the server behind `js` know fast-ingest batch publishing (2.14+)?"""
+    try:
+        version = js._nc.connected_server_version
+        return (version.major, version.minor) >= (2, 14)
+    except Exception:  # no version known: leave the stream as the source has it
+        return False
 
 
 def _drop_unset(cfg: StreamConfig) -> StreamConfig:

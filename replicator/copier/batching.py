@@ -1,0 +1,186 @@
+"""Ordered mode's fast-ingest writes: a backlog goes to the target in fast-ingest batches
+(`transport/fastbatch.py`), confirmed by the server's flow acks instead of one PubAck each.
+
+**Which path.** A target stream with `allow_batched` (set by the replicator on streams it creates;
+server 2.14+) gets batches; any other target keeps the per-message path, and so does one whose
+server turns out not to speak fast ingest (10205 "disabled" or a plain PubAck for the first batch
+message). The choice is logged, exported as `stream_replicator_write_path{path=...}` and noted in
+the durable consumer's metadata for `report`.
+
+**Exactly once and in order.** Every batch message still carries the chain
+(`Nats-Expected-Last-Msg-Id` naming its predecessor), because a failure while storing does not
+end a batch: only the chain keeps what landed a prefix. The source is acknowledged only up to what
+a flow ack or the commit's PubAck confirmed (`state`). Any gap, error frame, plain error, timeout
+or reconnect ends the batch for the copier, which recovers as on the per-message path: from the
+answers when they tell it all (a chain break at message k: everything before k landed, nothing
+after it), else from the target.
+
+**When.** A backlog of at least `BATCH_MIN` ready messages opens a batch; single messages of a
+trickle go per message (no batch to open, no commit to wait for). An open batch takes every later
+message while flow control allows (after the server's first flow ack, and at most the larger of
+twice its cadence and `max_in_flight` unconfirmed); it is committed once nothing was sent to it
+for `COMMIT_IDLE`, which confirms the messages after the last flow boundary. After a chain break
+(another writer in between: fan-in) the copier writes per message for `COOL_DOWN`, because every
+abandoned batch counts against the stream's batch limit for 10 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from enum import Enum
+
+from nats.aio.client import Client
+
+from replicator.copier.endpoints import PUBLISH_TIMEOUT
+from replicator.copier.failures import Failure, classify
+from replicator.copier.transform import Copy
+from replicator.transport.fastbatch import BatchRouter, FastBatch
+from replicator.transport.jetstream import PublishError
+
+log = logging.getLogger(__name__)
+
+BATCH_MIN = 16  # ready messages that make a batch worth opening
+COMMIT_IDLE = 0.02  # seconds without a message for the open batch before it is committed
+COOL_DOWN = 10.0  # seconds of per-message writes after a chain break in a batch
+OUTSTANDING = 2  # flow-ack intervals in flight (ADR-50 suggests 1 to 3)
+FALLBACK_CODES = frozenset({10205, 10206, 10207})  # disabled, pattern or id refused: no fast ingest here
+BATCH = "batch"
+MESSAGE = "message"
+
+
+class State(Enum):
+    PENDING = 0
+    LANDED = 1
+    FAILED = 2  # certainly not stored
+    UNKNOWN = 3  # may or may not have been stored: only the target can tell
+
+
+def state(batch: FastBatch, bseq: int) -> State:
+    """Where batch message `bseq` stands, from the batch's frames."""
+    if bseq <= batch.acked:
+        return State.LANDED
+    err = batch.error
+    if err is None:
+        return State.PENDING
+    if classify(err) is Failure.CHAIN:  # the server refused it and, chained, everything after it
+        return State.LANDED if bseq < batch.error_seq else State.FAILED
+    if batch.error_seq == 1 and err.code and not batch.open:
+        return State.FAILED  # message 1 refused outright; the rest waited for its flow ack
+    return State.UNKNOWN
+
+
+class BatchWriter:
+    """The batch side of the ordered copier's writes to one target stream."""
+
+    def __init__(self, nc: Client, wake: asyncio.Event, max_in_flight: int, worker: str) -> None:
+        self.nc = nc
+        self.router = BatchRouter(nc, wake)
+        self.max_unconfirmed = max_in_flight
+        self.worker = worker
+        self.enabled = False  # the target stream allows batched publishing
+        self.batch: FastBatch | None = None
+        self.cool_until = 0.0
+        self.last_send = 0.0
+        self.last_ping = 0.0
+
+    @property
+    def path(self) -> str:
+        return BATCH if self.enabled else MESSAGE
+
+    async def start(self) -> None:
+        await self.router.start()
+
+    async def stop(self) -> None:
+        await self.router.stop()
+
+    def active(self) -> FastBatch | None:
+        """The batch that takes new messages, if any."""
+        b = self.batch
+        if b is None or b.ended or b.committing:
+            return None
+        if b.legacy:
+            self.disable("the server stored a batch message as a plain publish")
+            return None
+        return b
+
+    def takes(self, ready: int) -> bool:
+        """Should the next message go into a batch (open, or worth opening for `ready` messages)?"""
+        if self.active() is not None:
+            return True
+        if not self.enabled or ready < BATCH_MIN or time.monotonic() < self.cool_until:
+            return False
+        return self.batch is None or self.batch.ended  # not while the last one commits
+
+    async def send(self, copy: Copy, predecessor: bytes | None) -> tuple[FastBatch, int] | None:
+        """Into the open batch (opened here if none): (batch, batch sequence), or None when flow
+        control says wait (for the first flow ack, or for confirmations)."""
+        b = self.active()
+        if b is None:
+            b = self.batch = self.router.open()
+        elif not b.open or b.unconfirmed >= max(OUTSTANDING * b.msgs, self.max_unconfirmed):
+            return None
+        self.last_send = time.monotonic()
+        return b, await b.send(copy.subject, copy.block(predecessor), copy.payload)
+
+    async def tick(self, idle: bool) -> float:
+        """Commit an idle batch, ping a quiet one, fail a silent or disconnected one; seconds until
+        the next check is due."""
+        b = self.batch
+        if b is None or b.ended:
+            return 1.0
+        now = time.monotonic()
+        if b.reconnects != self.nc.stats["reconnects"]:
+            b.fail(PublishError("target connection lost during a batch"))
+            return 1.0
+        if b.unconfirmed or b.committing:
+            quiet = now - b.progress
+            if quiet > PUBLISH_TIMEOUT:
+                b.fail(PublishError("batch publish timed out"))
+                return 1.0
+            if quiet > PUBLISH_TIMEOUT / 3 and now - self.last_ping > PUBLISH_TIMEOUT / 3 and not b.committing:
+                self.last_ping = now
+                with contextlib.suppress(Exception):
+                    await b.ping()
+        if b.committing or not b.sent:
+            return 1.0
+        due = self.last_send + COMMIT_IDLE - now
+        if not idle or due > 0:
+            return max(due, 0.001) if idle else 1.0
+        try:
+            await b.commit()
+        except Exception as err:
+            b.fail(PublishError(f"batch commit failed: {type(err).__name__}: {err}"))
+        return 1.0
+
+    async def commit_now(self) -> None:
+        """At a clean stop: end the open batch, so the commit confirms its tail."""
+        b = self.active()
+        if b is not None and b.sent:
+            with contextlib.suppress(Exception):
+                await b.commit()
+
+    def abandon(self) -> None:
+        """After a failure: the batch is over for us (its later frames are ignored), and what it
+        tells decides how the next messages go."""
+        b = self.batch
+        if b is None:
+            return
+        self.router.forget(b)
+        err = b.error
+        if err is not None and (err.code in FALLBACK_CODES):
+            self.disable(f"{err.description} (code {err.code})")
+        elif err is not None and classify(err) is Failure.CHAIN:
+            self.cool_until = time.monotonic() + COOL_DOWN
+        self.batch = None
+
+    def path_failure(self, err: PublishError) -> bool:
+        """A failure of the batch path itself, not of the message (never counted toward poison)."""
+        return err.code in FALLBACK_CODES
+
+    def disable(self, why: str) -> None:
+        if self.enabled:
+            log.warning("%s target does not take fast-ingest batches (%s): writing per message", self.worker, why)
+        self.enabled = False

@@ -1,0 +1,226 @@
+"""The data plane's way past nats-py's per-message work, in one place: raw reads and raw HPUBs.
+
+nats-py turns every incoming message into a `Msg` with a parsed header dict, after a regex per
+control line, and every outgoing one into an HPUB through a header dict and a regex per key. At
+copy rates that is most of a copier's time, and the dict loses repeated header names and the
+spaces around values. Here:
+
+- `RawParser` replaces a connection's protocol parser. Subscriptions registered with
+  `subscribe_raw` get each message as `(subject, reply, header block, payload)`, synchronously,
+  with no `Msg`, no dict and no queue hop; every other subscription gets its `Msg` from nats-py's
+  own `_process_msg` exactly as before. PING, PONG, INFO and -ERR go to nats-py's handlers, so
+  the connection itself (reconnects, TLS, auth, pings, server discovery) stays nats-py's. nats-py
+  resets the parser on reconnect; registrations survive it (it keeps subscription ids).
+- `send_hpub` writes an HPUB frame from a header block built elsewhere as bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError, ProtocolError
+from nats.protocol.parser import AWAITING_MSG_PAYLOAD, MAX_CONTROL_LINE_SIZE, Parser
+
+from replicator.transport.header_block import HeaderView, view
+
+log = logging.getLogger(__name__)
+
+RawHandler = Callable[[str, str, "bytes | None", bytes], None]  # subject, reply, header block, payload
+
+_LARGE = 256 * 1024  # a message still incomplete by more than this is gathered in chunks
+
+
+class RawMsg:
+    """A delivered message as it came off the wire: what the copy loops need, nothing parsed.
+
+    `headers` parses the header block on demand (sampling by header, dead-lettering); the copy
+    itself works on `hdr`, the block's bytes.
+    """
+
+    __slots__ = ("data", "hdr", "reply", "subject")
+
+    def __init__(self, subject: str, reply: str, hdr: bytes | None, data: bytes) -> None:
+        self.subject = subject
+        self.reply = reply
+        self.hdr = hdr
+        self.data = data
+
+    @property
+    def headers(self) -> HeaderView | None:
+        return view(self.hdr)
+
+
+class RawParser(Parser):
+    """nats-py's `Parser`, faster, with a direct route for registered subscriptions."""
+
+    def __init__(self, nc: Client, previous: Parser | None = None) -> None:
+        self.handlers: dict[int, RawHandler] = {}
+        super().__init__(nc)
+        self._previous = previous  # its unparsed bytes are taken over at the first `parse`
+
+    def reset(self) -> None:
+        super().reset()
+        self._pending = b""
+        self._chunks: list[bytes] = []
+        self._have = 0
+        self._need = 0
+
+    def _adopt(self) -> None:
+        """Continue exactly where nats-py's parser stopped (it may be inside a message)."""
+        prev, self._previous = self._previous, None
+        assert prev is not None
+        pending = bytes(prev.buf)
+        if prev.state == AWAITING_MSG_PAYLOAD:  # its control line is consumed: write it back
+            arg = prev.msg_arg
+            subject, sid, reply = arg["subject"], arg["sid"], arg["reply"]
+            if prev.header_needed:
+                line = b"HMSG %s %d %s %d %d\r\n" % (subject, sid, reply, prev.header_needed, prev.needed)
+            else:
+                line = b"MSG %s %d %s %d\r\n" % (subject, sid, reply, prev.needed)
+            pending = line + pending
+        self._pending = pending
+
+    async def parse(self, data: bytes = b"") -> None:
+        if self._previous is not None:
+            self._adopt()
+        if self._need:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return
+            buf = b"".join(self._chunks)
+            self._chunks, self._have, self._need = [], 0, 0
+        else:
+            buf = self._pending + data if self._pending else bytes(data)
+            self._pending = b""
+        pos = 0
+        size = len(buf)
+        handlers = self.handlers
+        nc = self.nc
+        stats = nc.stats
+        while pos < size:
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                if size - pos > MAX_CONTROL_LINE_SIZE:
+                    raise ProtocolError("nats: control line too long")
+                break
+            first = buf[pos]
+            if first == 77 and buf.startswith(b"MSG ", pos):  # M: subject sid [reply] size
+                args = buf[pos + 4:end].split()
+                hlen = 0
+                total = int(args[-1])
+                nargs = len(args)
+            elif first == 72 and buf.startswith(b"HMSG ", pos):  # H: subject sid [reply] hsize size
+                args = buf[pos + 5:end].split()
+                hlen = int(args[-2])
+                total = int(args[-1])
+                nargs = len(args) - 1
+            else:
+                await self._control(buf[pos:end])
+                pos = end + 2
+                continue
+            start = end + 2
+            stop = start + total
+            if stop + 2 > size:  # the rest of this message is still on its way
+                if stop + 2 - size > _LARGE:
+                    self._chunks, self._have, self._need = [buf[pos:]], size - pos, stop + 2 - pos
+                    return
+                break
+            if nargs == 3:
+                subject, sid_b, reply = args[0], args[1], b""
+            elif nargs == 4:
+                subject, sid_b, reply = args[0], args[1], args[2]
+            else:
+                raise ProtocolError("nats: malformed MSG")
+            sid = int(sid_b)
+            hdr = buf[start:start + hlen] if hlen else None
+            payload = buf[start + hlen:stop]
+            pos = stop + 2
+            handler = handlers.get(sid)
+            if handler is None:
+                await nc._process_msg(sid, subject, reply, payload, hdr)  # type: ignore[arg-type]
+                continue
+            stats["in_msgs"] += 1
+            stats["in_bytes"] += len(payload)
+            try:
+                handler(subject.decode(), reply.decode(), hdr, payload)
+            except Exception:  # never let a handler's bug kill the connection's read loop
+                log.exception("handler for subscription %d failed", sid)
+        if pos < size:
+            self._pending = buf[pos:]
+
+    async def _control(self, line: bytes) -> None:
+        nc = self.nc
+        op = line.rstrip()
+        if op == b"PING":
+            await nc._process_ping()
+        elif op == b"PONG":
+            await nc._process_pong()
+        elif op.startswith(b"+OK"):
+            return
+        elif op.startswith(b"INFO"):
+            await nc._process_info(json.loads(op[4:].strip().decode()))
+        elif op.startswith(b"-ERR"):
+            await nc._process_err(op[4:].strip().decode(errors="replace").lower())
+        else:
+            raise ProtocolError("nats: unknown protocol")
+
+
+def install(nc: Client) -> RawParser:
+    """The connection's `RawParser`, put in place of nats-py's on first use."""
+    parser = nc._ps
+    if isinstance(parser, RawParser):
+        return parser
+    raw = RawParser(nc, parser)
+    nc._ps = raw
+    return raw
+
+
+async def subscribe_raw(nc: Client, subject: str, handler: RawHandler) -> Subscription:
+    """A subscription whose messages go straight to `handler` (see `RawParser`)."""
+    parser = install(nc)
+    sub = await nc.subscribe(subject, pending_msgs_limit=0, pending_bytes_limit=0)
+    parser.handlers[sub._id] = handler
+    return sub
+
+
+async def unsubscribe_raw(nc: Client, sub: Subscription) -> None:
+    parser = nc._ps
+    if isinstance(parser, RawParser):
+        parser.handlers.pop(sub._id, None)
+    try:
+        await sub.unsubscribe()
+    except Exception:  # closed or reconnecting: nothing more will arrive for it
+        pass
+
+
+async def send_hpub(nc: Client, subject: str, reply: str, hdr: bytes | None, data: bytes) -> None:
+    """`nc.publish` for a header block already encoded (`header_block`), in one frame.
+
+    The connection-state checks are nats-py's own, so buffering during a reconnect behaves
+    exactly as with `publish`.
+    """
+    if nc.is_closed:
+        raise ConnectionClosedError
+    size = len(data)
+    if not nc.is_connected and (nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size):
+        raise OutboundBufferLimitError
+    hlen = len(hdr) if hdr else 0
+    # The server limits headers + payload; going over is a protocol violation that closes the
+    # connection for good (nats-py does not reconnect after an -ERR). Refuse it here instead.
+    if hlen + size > nc._max_payload:
+        raise MaxPayloadError
+    to = f"{subject} {reply}".encode() if reply else subject.encode()
+    if hdr:
+        cmd = b"HPUB %s %d %d\r\n%s%s\r\n" % (to, hlen, hlen + size, hdr, data)
+    else:
+        cmd = b"PUB %s %d\r\n%s\r\n" % (to, size, data)
+    nc.stats["out_msgs"] += 1
+    nc.stats["out_bytes"] += size
+    await nc._send_command(cmd)
+    if nc._flush_queue is not None and nc._flush_queue.empty():
+        await nc._flush_pending()
