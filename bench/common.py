@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -32,7 +33,8 @@ async def preload(nc: Client, stream: str, subject_prefix: str, count: int, size
     await asyncio.gather(*futures)
 
 
-async def time_progress(progress: Callable[[], Awaitable[int]], count: int, timeout: float = 600.0) -> float:
+async def time_progress(progress: Callable[[], Awaitable[int]], count: int, timeout: float = 600.0,
+                        on_first: Callable[[], None] | None = None) -> float:
     """Seconds from the first sign of progress to `count`: process start-up costs excluded."""
     first: float | None = None
     deadline = time.monotonic() + timeout
@@ -44,6 +46,8 @@ async def time_progress(progress: Callable[[], Awaitable[int]], count: int, time
         now = time.monotonic()
         if n and first is None:
             first = now
+            if on_first is not None:
+                on_first()
         if n >= count:
             assert first is not None
             return max(now - first, 1e-3)
@@ -51,14 +55,25 @@ async def time_progress(progress: Callable[[], Awaitable[int]], count: int, time
     raise TimeoutError(f"progress did not reach {count} in {timeout}s")
 
 
-async def time_fill(nc: Client, stream: str, count: int) -> float:
+async def time_fill(nc: Client, stream: str, count: int, on_first: Callable[[], None] | None = None) -> float:
     """Seconds from the first message landing in `stream` to the last."""
     js = nc.jetstream()
 
     async def landed() -> int:
         return int((await js.stream_info(stream)).state.messages)
 
-    return await time_progress(landed, count)
+    return await time_progress(landed, count, on_first=on_first)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc), 0.0 where unknown.
+
+    On a shared machine a rate moves with everyone else's load; the CPU a copy costs moves less."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 @contextlib.contextmanager

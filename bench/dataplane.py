@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
-from bench.common import connect, preload, replicator_process, table, time_fill
+from bench.common import connect, cpu_seconds, preload, replicator_process, table, time_fill
 from replicator.demo.local_nats import LocalNatsServer
 from tests.support.tcp_proxy import TcpProxy
 
@@ -26,6 +26,7 @@ class Result:
     size: int
     count: int
     seconds: float
+    cpu: float = 0.0  # the copier process's CPU seconds over the same span (0: not measured)
 
     @property
     def rate(self) -> float:
@@ -73,11 +74,13 @@ async def copier(name: str, size: int, count: int, workdir: Path, *, workers: in
                                     "name": "bench"}
         if workers > 1:
             topic["workers"] = workers
-        with replicator_process(workdir, "copier", topic):
-            seconds = await time_fill(dst, "FLEET", count)
+        with replicator_process(workdir, "copier", topic) as proc:
+            began = [0.0]
+            seconds = await time_fill(dst, "FLEET", count, lambda: began.__setitem__(0, cpu_seconds(proc.pid)))
+            cpu = cpu_seconds(proc.pid) - began[0]
         await src.close()
         await dst.close()
-        return Result(name, size, count, seconds)
+        return Result(name, size, count, seconds, cpu)
     finally:
         for proxy in proxies:
             await proxy.stop()
@@ -85,36 +88,52 @@ async def copier(name: str, size: int, count: int, workdir: Path, *, workers: in
         target.close()
 
 
-async def run(small: int, large: int) -> list[tuple[Result, Result]]:
+CASES = ("ordered", "scaled", "rtt", "large")
+
+
+async def run(small: int, large: int, cases: tuple[str, ...] = CASES) -> list[tuple[Result, Result]]:
     out: list[tuple[Result, Result]] = []
     with tempfile.TemporaryDirectory(prefix="sr-bench-") as tmp:
         work = Path(tmp)
-        for size, count in ((512, small), (16 * 1024, large)):
+        sizes = [(512, small)] + ([(16 * 1024, large)] if "large" in cases else [])
+        for size, count in sizes:
             ref = await native_mirror(size, count, work / f"ref{size}")
             out.append((ref, ref))
-            out.append((await copier("ordered copier", size, count, work / f"o{size}"), ref))
-            out.append((await copier("scaled copier (4 workers)", size, count, work / f"s{size}", workers=4), ref))
-            if size == 512:
-                out.append((await copier("ordered copier, 50 ms RTT proxy", size, count, work / "p512",
-                                         delay=0.025), ref))
+            loopback: Result | None = None
+            if "ordered" in cases or size > 512:
+                loopback = await copier("ordered copier", size, count, work / f"o{size}")
+                out.append((loopback, ref))
+            if "scaled" in cases:
+                out.append((await copier("scaled copier (4 workers)", size, count, work / f"s{size}", workers=4),
+                            ref))
+            if size == 512 and "rtt" in cases:
+                rtt = await copier("ordered copier, 50 ms RTT proxy", size, count, work / "p512", delay=0.025)
+                out.append((rtt, loopback or ref))
     return out
 
 
 def report(results: list[tuple[Result, Result]]) -> str:
-    rows = [
-        (r.name, f"{r.size} B", f"{r.count:,}", f"{r.rate:,.0f}", f"{r.mbps:,.1f}", f"{r.rate / ref.rate:.2f}")
-        for r, ref in results
-    ]
-    return table(("copier", "payload", "messages", "msgs/s", "MB/s", "x mirror"), rows)
+    """Each row's ratio is to the mirror of its size, except the RTT row's: to the loopback copier."""
+    rows = []
+    for r, ref in results:
+        versus = "mirror" if ref.name.startswith("native") else "loopback"
+        cpu = f"{r.cpu / r.count * 1e6:.1f}" if r.cpu else "-"
+        rows.append((r.name, f"{r.size} B", f"{r.count:,}", f"{r.rate:,.0f}", f"{r.mbps:,.1f}",
+                     f"{r.rate / ref.rate:.2f} x {versus}", cpu))
+    return table(("copier", "payload", "messages", "msgs/s", "MB/s", "ratio", "copier CPU us/msg"), rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=100_000, help="messages with 512 B payloads")
     parser.add_argument("--large-messages", type=int, default=10_000, help="messages with 16 KB payloads")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    parser.add_argument("--repeat", type=int, default=1, help="runs, each with its own references")
     args = parser.parse_args(argv)
+    cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     print("Data plane: copier throughput vs NATS's own mirror over a leafnode (same run)")
-    print(report(asyncio.run(run(args.messages, args.large_messages))))
+    for _ in range(args.repeat):
+        print(report(asyncio.run(run(args.messages, args.large_messages, cases))), flush=True)
     return 0
 
 

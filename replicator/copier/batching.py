@@ -19,7 +19,10 @@ after it), else from the target.
 trickle go per message (no batch to open, no commit to wait for). An open batch takes every later
 message while flow control allows (after the server's first flow ack, and at most the larger of
 twice its cadence and `max_in_flight` unconfirmed); it is committed once nothing was sent to it
-for `COMMIT_IDLE`, which confirms the messages after the last flow boundary. After a chain break
+for `COMMIT_IDLE` while the source has nothing more pending (for `COMMIT_WAIT` when it has, and
+its messages are merely slow to come), which confirms the messages after the last flow boundary.
+The flow asked for is a quarter of what the window holds, so acknowledgements come often enough to
+keep the window moving when messages are large. After a chain break
 (another writer in between: fan-in) the copier writes per message for `COOL_DOWN`, because every
 abandoned batch counts against the stream's batch limit for 10 s.
 """
@@ -36,14 +39,14 @@ from nats.aio.client import Client
 
 from replicator.copier.endpoints import PUBLISH_TIMEOUT
 from replicator.copier.failures import Failure, classify
-from replicator.copier.transform import Copy
 from replicator.transport.fastbatch import BatchRouter, FastBatch
 from replicator.transport.jetstream import PublishError
 
 log = logging.getLogger(__name__)
 
 BATCH_MIN = 16  # ready messages that make a batch worth opening
-COMMIT_IDLE = 0.02  # seconds without a message for the open batch before it is committed
+COMMIT_IDLE = 0.02  # seconds without a message for the open batch before it is committed (caught up)
+COMMIT_WAIT = 0.5  # the same while the source has more pending (a slow link, not the end of a backlog)
 COOL_DOWN = 10.0  # seconds of per-message writes after a chain break in a batch
 OUTSTANDING = 2  # flow-ack intervals in flight (ADR-50 suggests 1 to 3)
 FALLBACK_CODES = frozenset({10205, 10206, 10207})  # disabled, pattern or id refused: no fast ingest here
@@ -106,28 +109,42 @@ class BatchWriter:
             return None
         return b
 
-    def takes(self, ready: int) -> bool:
-        """Should the next message go into a batch (open, or worth opening for `ready` messages)?"""
-        if self.active() is not None:
-            return True
-        if not self.enabled or ready < BATCH_MIN or time.monotonic() < self.cool_until:
-            return False
-        return self.batch is None or self.batch.ended  # not while the last one commits
-
-    async def send(self, copy: Copy, predecessor: bytes | None) -> tuple[FastBatch, int] | None:
-        """Into the open batch (opened here if none): (batch, batch sequence), or None when flow
-        control says wait (for the first flow ack, or for confirmations)."""
+    def room(self, ready: int) -> int:
+        """How many of `ready` messages the batch path takes now: -1 none (write them per message),
+        0 not yet (flow control: the open batch waits for acknowledgements)."""
         b = self.active()
         if b is None:
-            b = self.batch = self.router.open()
-        elif not b.open or b.unconfirmed >= max(OUTSTANDING * b.msgs, self.max_unconfirmed):
-            return None
-        self.last_send = time.monotonic()
-        return b, await b.send(copy.subject, copy.block(predecessor), copy.payload)
+            if not self.enabled or ready < BATCH_MIN or time.monotonic() < self.cool_until:
+                return -1
+            if self.batch is not None and not self.batch.ended:
+                return -1  # not while the last one commits
+            return 1  # a new batch: its first message alone, until the server's first flow ack
+        if not b.sent:
+            return 1
+        if not b.open:
+            return 0
+        return max(0, max(OUTSTANDING * b.msgs, self.max_unconfirmed) - b.unconfirmed)
 
-    async def tick(self, idle: bool) -> float:
+    async def send(self, messages: list[tuple[str, bytes, bytes]], window: int) -> tuple[FastBatch, int]:
+        """Into the open batch (opened here if none, asking for a flow of a quarter of the
+        `window`): the batch and the batch sequence of the first message."""
+        b = self.active()
+        if b is None:
+            b = self.batch = self.router.open(window // 4)
+            log.debug("%s batch %s opened (flow %d)", self.worker, b.id, b.flow)
+        self.last_send = time.monotonic()
+        first = b.sent + 1
+        try:
+            await b.send(messages)
+        except Exception as err:  # not written, or only partly: only the target can tell
+            b.sent = first + len(messages) - 1
+            b.fail(PublishError(f"batch publish failed: {type(err).__name__}: {err}"))
+        return b, first
+
+    async def tick(self, idle: bool, caught_up: bool = True) -> float:
         """Commit an idle batch, ping a quiet one, fail a silent or disconnected one; seconds until
-        the next check is due."""
+        the next check is due. `idle`: nothing is waiting to be sent; `caught_up`: the source has
+        nothing more pending either."""
         b = self.batch
         if b is None or b.ended:
             return 1.0
@@ -146,10 +163,11 @@ class BatchWriter:
                     await b.ping()
         if b.committing or not b.sent:
             return 1.0
-        due = self.last_send + COMMIT_IDLE - now
+        due = self.last_send + (COMMIT_IDLE if caught_up else COMMIT_WAIT) - now
         if not idle or due > 0:
             return max(due, 0.001) if idle else 1.0
         try:
+            log.debug("%s batch %s commits after %d messages (%d confirmed)", self.worker, b.id, b.sent, b.acked)
             await b.commit()
         except Exception as err:
             b.fail(PublishError(f"batch commit failed: {type(err).__name__}: {err}"))

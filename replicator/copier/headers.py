@@ -29,7 +29,6 @@ RENAMED = "Stream-Replicator-Orig-"
 _RENAMED = RENAMED.encode()
 _PROVENANCE = PROVENANCE.encode()
 _MSG_ID = MSG_ID.encode()
-_PLAIN = b"NATS/1.0\r\n"
 MARKER = "Nats-Marker-Reason"
 INCR = "Nats-Incr"
 
@@ -166,6 +165,9 @@ class AppliedBlock:
     chainable: bool = True
 
 
+_NO_HEADERS = AppliedBlock(b"NATS/1.0\r\n")  # shared: callers only read it
+
+
 class HeaderPolicy:
     """`RULES` applied for one target stream's features."""
 
@@ -203,7 +205,7 @@ class HeaderPolicy:
         policy strips are dropped, renamed ones get the prefix, a previous hop's provenance goes
         (this hop adds its own); every other byte is kept."""
         if not block:
-            return AppliedBlock(_PLAIN)
+            return _NO_HEADERS
         head = block[:-2] if block.endswith(b"\r\n\r\n") else block.rstrip(b"\r\n") + b"\r\n"
         if b"\nNats-" not in head and b"\n" + _PROVENANCE not in head:
             return AppliedBlock(head)  # the common case: nothing the server interprets

@@ -47,6 +47,7 @@ from replicator.copier.position import (
 from replicator.copier.provenance import stream_identity
 from replicator.copier.transform import MessageTransform
 from replicator.copier.window import Entry, any_unsure, batch_failure, landed, reset, settled
+from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import (
     ACK_CONSUMER_SEQ,
@@ -92,6 +93,7 @@ class OrderedCopier:
         self.bound_at_ns = 0  # wall clock of the last bind: copies sent since landed after it
         self.ack_due: str | None = None  # reply subject of `committed` while not yet acked (AckAll)
         self.lag: str | None = None  # pending count of the latest delivery, set once per batch
+        self.caught_up = True  # the latest delivery had nothing pending behind it
         self.last_id: bytes | None = None  # Nats-Msg-Id of the last message published in the chain
         self.chain_open = False  # False: the next publish goes alone, without predecessor check
         self.backoff = Backoff()
@@ -226,7 +228,7 @@ class OrderedCopier:
                 self._flush_counts()
             await self._pump()
             await self._drain()
-            wait = await self.writer.tick(idle=not self.unsent and not puller.buffer)
+            wait = await self.writer.tick(idle=not self.unsent and not puller.buffer, caught_up=self.caught_up)
             if self.gap is not None:
                 first, last = self.gap
                 log.warning("%s deliveries %d..%d of consumer %s were lost in transit: fetching them again",
@@ -257,6 +259,7 @@ class OrderedCopier:
                 await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return False  # a redelivery of something done or already in the window
         self.lag = tokens[ACK_PENDING]
+        self.caught_up = self.lag == "0"
         copy = verdict(ep, msg, tokens)
         if isinstance(copy, Pending):
             copy = await settle(ep, copy)
@@ -284,24 +287,41 @@ class OrderedCopier:
 
     async def _pump(self) -> None:
         """Publish the unsent tail of the window, chained, in order: into a fast-ingest batch when
-        the writer takes it (one open, or a backlog worth one), else one by one."""
+        the writer takes it (one is open, or the backlog is worth one), else one by one."""
         unsent, writer = self.unsent, self.writer
+        near_limit = self.ep.target_nc._max_payload - 128  # the chain line and margin: checked per message
         while self.chain_open and unsent:
-            entry = unsent[0]
-            if not entry.copy.chainable:
+            if not unsent[0].copy.chainable:
                 self.chain_open = False  # it goes alone once it heads the window; the rest wait for it
                 break
-            if writer.takes(len(unsent)):
-                sent = await writer.send(entry.copy, self.last_id)
-                if sent is None:
-                    break  # flow control: the batch's acknowledgements wake us
-                entry.batch, entry.bseq = sent
-                entry.attempts += 1
-                entry.sent_at = time.monotonic()
-            else:
+            room = writer.room(len(unsent))
+            if room == 0:
+                break  # flow control: the batch's acknowledgements wake us
+            taken: list[Entry] = []
+            messages: list[tuple[str, bytes, bytes]] = []
+            predecessor = self.last_id
+            while room > len(taken) and unsent:
+                copy = unsent[0].copy
+                if not copy.chainable or len(copy.head) + len(copy.payload) > near_limit:
+                    break
+                taken.append(unsent.popleft())
+                messages.append((copy.subject, copy.block(predecessor), copy.payload))
+                predecessor = copy.msg_id
+            if not taken:  # per message (the path, or a message too large to risk in a batch)
+                entry = unsent.popleft()
                 entry.future = await self._publish(entry, self.last_id)
-            unsent.popleft()
-            self.last_id = entry.copy.msg_id
+                self.last_id = entry.copy.msg_id
+                continue
+            batch, first = await writer.send(messages, self._capacity())
+            now = time.monotonic()
+            for i, entry in enumerate(taken):
+                entry.batch, entry.bseq, entry.sent_at = batch, first + i, now
+                entry.attempts += 1
+            self.last_id = predecessor
+
+    def _capacity(self) -> int:
+        """Messages the window holds at most, by count and by bytes."""
+        return max(1, min(self.max_in_flight, int(MAX_BYTES_IN_FLIGHT / self.avg_size)))
 
     async def _publish(self, entry: Entry, predecessor: bytes | None) -> asyncio.Future[bytes]:
         copy = entry.copy
@@ -332,10 +352,11 @@ class OrderedCopier:
         m = ep.metrics
         now = time.monotonic()
         copied = copied_bytes = 0
-        observe = m.processing_time.observe
+        received: list[float] = []
         failed: tuple[Entry, PublishError] | None = None
         window = self.window
         last_ack = b""
+        last: Entry | None = None
         while window:
             head = window[0]
             batch = head.batch
@@ -358,12 +379,13 @@ class OrderedCopier:
                     failed = head, err if isinstance(err, PublishError) else PublishError(str(err))
                     break
                 last_ack = fut.result()
-            copied += 1
             copied_bytes += len(head.msg.data)
-            observe(now - head.received)
-            window.popleft()
-            self.committed, self.ack_due = head.last_seq, head.last_reply
-        if copied:
+            received.append(head.received)
+            last = window.popleft()
+        if last is not None:
+            self.committed, self.ack_due = last.last_seq, last.last_reply
+            copied = len(received)
+            observe_many(m.processing_time, [now - r for r in received])
             self.confirmed_target = ack_seq(last_ack) or self.confirmed_target
             self._count_copied(copied, copied_bytes)
             if self.blocked_since is not None:

@@ -6,14 +6,7 @@ from dataclasses import dataclass
 
 from replicator.copier.endpoints import Endpoints
 from replicator.copier.headers import HeaderPolicy, TargetFeatures
-from replicator.copier.provenance import (
-    CHORIA_SOURCE,
-    EXPECTED_LAST_MSG_ID,
-    MSG_ID,
-    PROVENANCE,
-    Writer,
-    choria_source,
-)
+from replicator.copier.provenance import CHORIA_SOURCE, EXPECTED_LAST_MSG_ID, MSG_ID, PROVENANCE, Writer
 from replicator.transport.header_block import HeaderView
 from replicator.transport.subjects import SubjectRewriter
 from replicator.transport.wire import RawMsg
@@ -51,24 +44,35 @@ class MessageTransform:
 
     def __init__(self, ep: Endpoints) -> None:
         self.rewrite = SubjectRewriter(ep.profile.settings)
-        self.writer = Writer(ep.source_stream, ep.profile.base_name, "")
         self.policy = HeaderPolicy()
         go = ep.profile.go  # a Go-format profile's copies also carry the Go tool's header
         self.choria = (go.replicator, go.name) if go is not None else None
+        self.writer = Writer(ep.source_stream, ep.profile.base_name, "")
+        self.set_writer("")
 
     def set_writer(self, identity: str) -> None:
         """The source stream instance this copier reads (see `provenance.stream_identity`)."""
         self.writer = Writer(self.writer.source_stream, self.writer.name, identity)
+        # This hop's lines, `Writer.provenance` and `Writer.msg_id` as templates around the numbers.
+        wid = self.writer.id.encode()
+        self._prov = b"%s: %s " % (_PROV, self.writer.source_stream.encode())
+        self._name = b" %s " % self.writer.name.encode()
+        self._wid = wid
+        self._tail = b" %s\r\n%s: " % (wid, _ID)
+        self._choria = self._choria_name = b""
+        if self.choria is not None:
+            self._choria = b"%s: %s " % (_CHORIA, self.writer.source_stream.encode())
+            self._choria_name = b" %s %s " % (self.choria[0].encode(), self.choria[1].encode())
 
     def set_features(self, features: TargetFeatures) -> None:
         self.policy = HeaderPolicy(features)
 
     def build(self, msg: RawMsg, seq: int, ts_ns: int) -> Copy:
         applied = self.policy.apply_block(msg.hdr)
-        writer = self.writer
-        msg_id = writer.msg_id(seq).encode()
-        head = b"%s%s: %s\r\n%s: %s\r\n" % (applied.head, _PROV, writer.provenance(seq, ts_ns).encode(), _ID, msg_id)
-        if self.choria is not None:
-            head += b"%s: %s\r\n" % (_CHORIA, choria_source(writer.source_stream, seq, *self.choria, ts_ns).encode())
+        msg_id = b"%s:%d" % (self._wid, seq)
+        head = b"%s%s%d%s%d%s%s\r\n" % (applied.head, self._prov, seq, self._name, ts_ns // 1_000_000, self._tail,
+                                         msg_id)
+        if self._choria:  # `choria_source`, as a template too
+            head += b"%s%d%s%d\r\n" % (self._choria, seq, self._choria_name, ts_ns // 1_000_000)
         return Copy(self.rewrite(msg.subject), head, msg_id, b"" if applied.empty_payload else msg.data,
                     applied.chainable)

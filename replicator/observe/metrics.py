@@ -7,8 +7,9 @@ can run in one process (tests, the demo) without clashing.
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -158,3 +159,25 @@ class WorkerMetrics:
         family = self.metrics.states[name]
         for v in values:
             family.labels(name=self.name, worker=self.worker, **{label: v}).set(1 if v == value else 0)
+
+
+def observe_many(histogram: Histogram, amounts: Iterable[float]) -> None:
+    """`histogram.observe` for many values at once: the same counts and sum, with one locked update
+    per bucket touched instead of two per value (the copy loops observe every message)."""
+    try:
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+    except AttributeError:  # another prometheus_client layout: one by one
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts: dict[int, int] = {}
+    summed = 0.0
+    where = bisect.bisect_left
+    for amount in amounts:
+        summed += amount
+        i = where(bounds, amount)
+        counts[i] = counts.get(i, 0) + 1
+    if counts:
+        total.inc(summed)
+        for i, n in counts.items():
+            buckets[i].inc(n)

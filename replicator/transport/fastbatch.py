@@ -36,7 +36,7 @@ from nats.aio.subscription import Subscription
 
 from replicator.transport.header_block import status
 from replicator.transport.jetstream import PublishError
-from replicator.transport.wire import send_hpub, subscribe_raw, unsubscribe_raw
+from replicator.transport.wire import hpub, send_frames, send_hpub, subscribe_raw, unsubscribe_raw
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,11 @@ GAP_MODE = "fail"  # a lost message ends the batch: nothing after a hole is stor
 class FastBatch:
     """One batch: what was sent, what the server confirmed, and how it ended."""
 
-    def __init__(self, nc: Client, prefix: str, bid: str) -> None:
+    def __init__(self, nc: Client, prefix: str, bid: str, flow: int = FLOW) -> None:
         self.nc = nc
         self.id = bid
-        self._reply = f"{prefix}.{bid}.{FLOW}.{GAP_MODE}."
+        self.flow = max(1, min(flow, FLOW))  # asked for; the server may grant less
+        self._reply = f"{prefix}.{bid}.{self.flow}.{GAP_MODE}."
         self.reconnects = nc.stats["reconnects"]  # a reconnect since then may have lost messages
         self.sent = 0  # highest batch sequence sent
         self.acked = 0  # highest batch sequence the server confirmed stored
@@ -75,15 +76,22 @@ class FastBatch:
     def unconfirmed(self) -> int:
         return self.sent - self.acked
 
-    async def send(self, subject: str, hdr: bytes, payload: bytes) -> int:
-        """Send the next message; its batch sequence."""
-        seq = self.sent + 1
+    async def send(self, messages: list[tuple[str, bytes, bytes]]) -> int:
+        """Send the next messages, (subject, header block, payload) each, in one write; the batch
+        sequence of the first."""
+        first = self.sent + 1
         if self.sent == self.acked:
             self.progress = time.monotonic()
-        await send_hpub(self.nc, subject, f"{self._reply}{seq}.{0 if seq == 1 else 1}.$FI", hdr, payload)
+        reply = self._reply
+        seq = self.sent
+        frames = []
+        for subject, hdr, payload in messages:
+            seq += 1
+            frames.append(hpub(subject, f"{reply}{seq}.{0 if seq == 1 else 1}.$FI", hdr, payload))
+        await send_frames(self.nc, frames, sum(len(p) for _s, _h, p in messages))
         self.sent = seq
-        self.subject = subject
-        return seq
+        self.subject = messages[-1][0]
+        return first
 
     async def commit(self) -> None:
         """End the batch without storing a message (EOB); the final PubAck confirms everything."""
@@ -168,8 +176,8 @@ class BatchRouter:
             await unsubscribe_raw(self.nc, self._sub)
             self._sub = None
 
-    def open(self) -> FastBatch:
-        batch = FastBatch(self.nc, self._prefix, f"{self._base}{next(self._ids)}")
+    def open(self, flow: int = FLOW) -> FastBatch:
+        batch = FastBatch(self.nc, self._prefix, f"{self._base}{next(self._ids)}", flow)
         self._batches[batch.id] = batch
         return batch
 

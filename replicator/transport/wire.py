@@ -199,28 +199,33 @@ async def unsubscribe_raw(nc: Client, sub: Subscription) -> None:
 
 
 async def send_hpub(nc: Client, subject: str, reply: str, hdr: bytes | None, data: bytes) -> None:
-    """`nc.publish` for a header block already encoded (`header_block`), in one frame.
+    """`nc.publish` for a header block already encoded (`header_block`), in one frame."""
+    await send_frames(nc, [hpub(subject, reply, hdr, data, nc._max_payload)], len(data))
 
-    The connection-state checks are nats-py's own, so buffering during a reconnect behaves
-    exactly as with `publish`.
-    """
-    if nc.is_closed:
-        raise ConnectionClosedError
-    size = len(data)
-    if not nc.is_connected and (nc._max_pending_size <= 0 or size + nc._pending_data_size > nc._max_pending_size):
-        raise OutboundBufferLimitError
+
+def hpub(subject: str, reply: str, hdr: bytes | None, data: bytes, max_payload: int = 0) -> bytes:
+    """One PUB or HPUB frame. Over `max_payload` (headers + payload; 0: not checked) raises: the
+    server would take it for a protocol violation and close the connection for good (nats-py does
+    not reconnect after an -ERR)."""
     hlen = len(hdr) if hdr else 0
-    # The server limits headers + payload; going over is a protocol violation that closes the
-    # connection for good (nats-py does not reconnect after an -ERR). Refuse it here instead.
-    if hlen + size > nc._max_payload:
+    if max_payload and hlen + len(data) > max_payload:
         raise MaxPayloadError
     to = f"{subject} {reply}".encode() if reply else subject.encode()
     if hdr:
-        cmd = b"HPUB %s %d %d\r\n%s%s\r\n" % (to, hlen, hlen + size, hdr, data)
-    else:
-        cmd = b"PUB %s %d\r\n%s\r\n" % (to, size, data)
-    nc.stats["out_msgs"] += 1
-    nc.stats["out_bytes"] += size
-    await nc._send_command(cmd)
+        return b"HPUB %s %d %d\r\n%s%s\r\n" % (to, hlen, hlen + len(data), hdr, data)
+    return b"PUB %s %d\r\n%s\r\n" % (to, len(data), data)
+
+
+async def send_frames(nc: Client, frames: list[bytes], payload_bytes: int) -> None:
+    """Frames built by `hpub`, written as one command. The connection-state checks are nats-py's
+    own, so buffering during a reconnect behaves exactly as with `publish`."""
+    if nc.is_closed:
+        raise ConnectionClosedError
+    if not nc.is_connected and (nc._max_pending_size <= 0 or
+                                payload_bytes + nc._pending_data_size > nc._max_pending_size):
+        raise OutboundBufferLimitError
+    nc.stats["out_msgs"] += len(frames)
+    nc.stats["out_bytes"] += payload_bytes
+    await nc._send_command(frames[0] if len(frames) == 1 else b"".join(frames))
     if nc._flush_queue is not None and nc._flush_queue.empty():
         await nc._flush_pending()
