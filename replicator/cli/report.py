@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from replicator.config.files import load_config
 from replicator.config.model import Config, Profile
+from replicator.copier.durable import WRITE_NOTE
 from replicator.copier.poison import STUCK_NOTE
 from replicator.transport.connections import connect_once, material_for
 from replicator.transport.streams import find_source_stream
@@ -23,6 +24,7 @@ class ReportRow:
     consumer: str = "-"
     lag: int | None = None
     last_active: dt.datetime | None = None
+    write: str = "-"  # how the worker writes to the target: batch or message (noted by the worker)
     error: str = ""
     certificate: tuple[float, str] | None = None  # the first certificate to expire: (notAfter, "side role")
 
@@ -56,7 +58,9 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
         info = await js.consumer_info(row.source_stream, profile.consumer_name)
         row.lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
         row.last_active = info.delivered.last_active if info.delivered else None
-        stuck = (info.config.metadata or {}).get(STUCK_NOTE)
+        metadata = info.config.metadata or {}
+        row.write = metadata.get(WRITE_NOTE, "-")
+        stuck = metadata.get(STUCK_NOTE)
         if stuck:  # noted by the worker itself: an error it cannot classify keeps failing
             row.error = f"stuck: {stuck}"
     except Exception as err:
@@ -93,10 +97,11 @@ def _expiry(certificate: tuple[float, str] | None, now: dt.datetime) -> str:
 
 def format_report(rows: list[ReportRow], now: dt.datetime | None = None) -> str:
     now = now or dt.datetime.now(dt.UTC)
-    header = ("Topic", "Source Stream", "Target Stream", "Consumer", "Lag", "Last Active", "Cert Expiry", "Error")
+    header = ("Topic", "Source Stream", "Target Stream", "Consumer", "Lag", "Last Active", "Writes", "Cert Expiry",
+              "Error")
     body = [
         (r.topic, r.source_stream, r.target_stream, r.consumer, "-" if r.lag is None else f"{r.lag:,}",
-         _ago(r.last_active, now) if r.error == "" else "-", _expiry(r.certificate, now), r.error)
+         _ago(r.last_active, now) if r.error == "" else "-", r.write, _expiry(r.certificate, now), r.error)
         for r in rows
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]

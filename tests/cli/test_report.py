@@ -35,6 +35,7 @@ async def test_report_shows_streams_consumer_lag_and_errors(tmp_path, source_ser
     assert "| Topic" in lines[1] and "Lag" in lines[1] and "Last Active" in lines[1] and "Cert Expiry" in lines[1]
     fleet = next(line for line in lines if line.startswith("| fleet "))
     assert "| FLEET " in fleet and "| sr " in fleet and "| 25 " in fleet and "ago" in fleet
+    assert "| batch " in fleet  # the replicator created the target with allow_batched
     broken = next(line for line in lines if line.startswith("| broken "))
     assert "no source stream captures subject 'nothing.here'" in broken
 

@@ -40,6 +40,25 @@ async def make_stream(nc: Client, name: str = "FLEET", subjects: Iterable[str] =
     await nc.jetstream().add_stream(StreamConfig(name=name, subjects=list(subjects), **kw))
 
 
+WRITE_PATHS = ("batch", "message")  # how ordered mode writes: fast-ingest batches, or per message
+
+
+async def make_target(nc: Client, path: str, name: str = "FLEET", subjects: Iterable[str] = ("fleet.>",),
+                      **kw: Any) -> None:
+    """A target stream for a write path: with `allow_batched` (batch) or without (message)."""
+    await make_stream(nc, name, subjects, allow_batched=True if path == "batch" else None, **kw)
+
+
+def write_path(replicator: Replicator, worker: str = "sr_0") -> str | None:
+    """The path the worker reports in `stream_replicator_write_path`."""
+    for path in WRITE_PATHS:
+        value = replicator.metrics.registry.get_sample_value(
+            "stream_replicator_write_path", {"name": worker.rsplit("_", 1)[0], "worker": worker, "path": path})
+        if value == 1:
+            return path
+    return None
+
+
 async def publish_many(nc: Client, count: int, *, start: int = 0, subject: str = "fleet.n{i}",
                        size: int = 32, headers: dict[str, str] | None = None) -> None:
     """Pipelined JetStream publishes with the payload carrying its index, so order can be checked."""

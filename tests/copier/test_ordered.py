@@ -2,32 +2,48 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+
+import pytest
 
 import pytest
 
 from replicator.copier.provenance import stream_identity, writer_id
 from tests.copier.helpers import (
+    WRITE_PATHS,
     InProcess,
     indices,
     make_stream,
+    make_target,
     profile_for,
     publish_many,
     read_all,
     source_seqs,
     topic_config,
     wait_for_count,
+    write_path,
 )
 
 
-async def test_ordered_copies_everything_in_order(source_server, target_server, source_nc, target_nc):
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_ordered_copies_everything_in_order(path, source_server, target_server, source_nc, target_nc, caplog):
+    """On both write paths, chosen from the target stream: `allow_batched` gets fast-ingest
+    batches, a target without it one publish per message (logged, and in the metric label)."""
+    caplog.set_level(logging.DEBUG, logger="replicator.copier")
     await make_stream(source_nc)
+    await make_target(target_nc, path)
     await publish_many(source_nc, 12_000)
     profile = profile_for(topic_config(source_server.url, target_server.url))
-    async with InProcess(profile):
+    async with InProcess(profile) as replicator:
         assert await wait_for_count(target_nc, "FLEET", 12_000) == 12_000
+        assert write_path(replicator) == path
     msgs = await read_all(target_nc, "FLEET")
     assert indices(msgs) == list(range(12_000))
     assert source_seqs(msgs) == list(range(1, 12_001))
+    said = {"batch": "in fast-ingest batches", "message": "per message (it does not allow batched publishing)"}
+    assert any(said[path] in r.getMessage() for r in caplog.records)
+    batches = [r for r in caplog.records if r.getMessage().endswith(")") and "opened (flow" in r.getMessage()]
+    assert bool(batches) == (path == "batch")
 
 
 async def test_headers_preserved_provenance_and_msg_id(source_server, target_server, source_nc, target_nc):
@@ -75,8 +91,10 @@ async def test_target_create_false_waits_for_the_stream(source_server, target_se
         assert await wait_for_count(target_nc, "FLEET", 10) == 10
 
 
-async def test_restart_resumes_without_duplicates(source_server, target_server, source_nc, target_nc):
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_restart_resumes_without_duplicates(path, source_server, target_server, source_nc, target_nc):
     await make_stream(source_nc)
+    await make_target(target_nc, path)
     await publish_many(source_nc, 3000)
     profile = profile_for(topic_config(source_server.url, target_server.url))
     async with InProcess(profile):

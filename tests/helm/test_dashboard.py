@@ -59,6 +59,7 @@ def worker_exposition() -> dict[str, set[str]]:
     worker.processing_time.observe(0.002)
     worker.lag_msgs.set(3)
     worker.certificate("target", "client", lambda: 1.9e9)  # exported only for sides with TLS
+    worker.write_path("batch")
     return _samples(generate_latest(metrics.registry).decode())
 
 

@@ -1,0 +1,94 @@
+"""The raw read path (`transport/wire.py`) on real connections: exact bytes for raw subscriptions,
+nats-py's own `Msg` for every other one on the same connection, across reads of any size, a
+takeover in the middle of a message, and a reconnect."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.protocol.parser import Parser
+
+from replicator.demo.local_nats import LocalNatsServer
+from replicator.transport.wire import RawParser, install, send_hpub, subscribe_raw
+
+Raw = tuple[str, str, "bytes | None", bytes]
+
+SIZES = [0, 1, 100, 4_000, 31_000, 33_000, 70_000, 300_000, 900_000]
+
+
+async def _collect(got: list[Raw], n: int, within: float = 10.0) -> None:
+    for _ in range(int(within / 0.02)):
+        if len(got) >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{len(got)} of {n} messages arrived")
+
+
+@pytest.mark.timeout(60)
+async def test_raw_and_regular_subscriptions_share_a_connection(target_nc: Client) -> None:
+    """Messages of every size (single reads of 32 KB and messages many times that), with and
+    without headers and reply subjects, interleaved with a regular subscription and requests."""
+    got: list[Raw] = []
+    await subscribe_raw(target_nc, "raw.>", lambda *m: got.append(m))
+    regular = await target_nc.subscribe("plain.>")
+    async def pong(msg: Msg) -> None:
+        await msg.respond(b"pong:" + msg.data)
+
+    replier = await target_nc.subscribe("svc", cb=pong)
+    sent: list[Raw] = []
+    for i, size in enumerate(SIZES):
+        payload = bytes((i * 7 + j) % 251 for j in range(size))
+        hdr = b"NATS/1.0\r\nX-Multi: a\r\nX-Multi: b\r\nX-Pad:  v  \r\n\r\n" if i % 2 else None
+        reply = f"back.{i}" if i % 3 else ""
+        await send_hpub(target_nc, f"raw.{i}", reply, hdr, payload)
+        await target_nc.publish(f"plain.{i}", payload, headers={"X-I": str(i)})
+        sent.append((f"raw.{i}", reply, hdr, payload))
+        assert (await target_nc.request("svc", str(i).encode(), timeout=5)).data == b"pong:%d" % i
+    await _collect(got, len(SIZES))
+    assert got == sent
+    for i, size in enumerate(SIZES):
+        msg = await regular.next_msg(timeout=5)
+        assert msg.subject == f"plain.{i}" and len(msg.data) == size and msg.headers == {"X-I": str(i)}
+    assert isinstance(target_nc._ps, RawParser)
+    await replier.unsubscribe()
+
+
+@pytest.mark.timeout(30)
+async def test_takeover_in_the_middle_of_a_message(target_nc: Client) -> None:
+    """nats-py's parser has read a message's control line and half its payload when the raw parser
+    takes over: the message arrives whole."""
+    got: list[Raw] = []
+    sub = await target_nc.subscribe("mid")
+    await target_nc.flush()
+    old = Parser(target_nc)
+    await old.parse(b"HMSG mid %d r.1 12 17\r\nNATS/1.0\r\n\r\nhe" % sub._id)
+    target_nc._ps = old
+    raw = install(target_nc)
+    raw.handlers[sub._id] = lambda *m: got.append(m)
+    await raw.parse(b"llo\r\nMSG mid %d 3\r\nabc\r\n" % sub._id)
+    assert got == [("mid", "r.1", b"NATS/1.0\r\n\r\n", b"hello"), ("mid", "", None, b"abc")]
+
+
+@pytest.mark.timeout(60)
+async def test_raw_subscriptions_survive_a_reconnect(target_server: LocalNatsServer) -> None:
+    nc = await nats.connect(target_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        got: list[Raw] = []
+        await subscribe_raw(nc, "raw.x", lambda *m: got.append(m))
+        await nc.flush()
+        await asyncio.to_thread(target_server.stop)
+        await asyncio.to_thread(target_server.start)
+        for _ in range(100):
+            if nc.is_connected:
+                break
+            await asyncio.sleep(0.1)
+        await nc.flush(timeout=5)
+        await send_hpub(nc, "raw.x", "", None, b"after")
+        await _collect(got, 1)
+        assert got == [("raw.x", "", None, b"after")]
+    finally:
+        await nc.close()
