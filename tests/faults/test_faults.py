@@ -27,7 +27,7 @@ from nats.js.errors import NotFoundError
 
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from replicator.sampling.state.records import decode_key, limiter_bucket
-from tests.copier.helpers import profile_for, stop
+from tests.copier.helpers import WRITE_PATHS, make_target, profile_for, publish_many, stop
 from tests.faults.rig import STREAM, Rig
 from tests.support.faults import (
     Outcome,
@@ -86,6 +86,63 @@ async def test_kill_9_ten_times_in_a_row(rig: Rig, city2: LocalNatsServer) -> No
                      faults=10, notes="recover: from the last restart")
 
 
+BACKLOG = 40_000  # copied in fast-ingest batches (or per message), long enough to strike mid-copy
+
+
+async def backlog(rig: Rig, path: str) -> None:
+    """A target for the write path, a backlog on the source, continuous publishing on top."""
+    await rig.stream()
+    await make_target(rig.target_nc, path, STREAM)
+    await publish_many(rig.source_nc, BACKLOG, size=64)
+    rig.write_config()
+    rig.publish()
+
+
+async def copying(rig: Rig, path: str, upto: int, within: float = 30.0) -> None:
+    """Wait until the worker, on the expected write path, has copied `upto` of the backlog."""
+    assert await wait_metric(rig.monitor, "stream_replicator_write_path", 1.0, within, path=path), rig.log_tail()
+    assert await wait_count(rig.target_nc, STREAM, upto, within) is not None, rig.log_tail()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_kill_9_in_the_middle_of_a_batch(rig: Rig, path: str) -> None:
+    """A backlog copied in fast-ingest batches (or per message); the worker is killed three times
+    in the middle of it. The server keeps what a dead writer's batch delivered; the next worker
+    finds its newest copy on the target and goes on: nothing lost, duplicated or reordered."""
+    rng = random.Random(20261124)
+    await backlog(rig, path)
+    for i in range(3):
+        proc = rig.spawn()
+        await copying(rig, path, (i + 1) * BACKLOG // 5)
+        await asyncio.sleep(rng.uniform(0.0, 0.1))
+        rig.kill(proc)
+        assert await stream_count(rig.target_nc, STREAM) < BACKLOG, "the backlog was copied before the kill"
+    began = time.monotonic()
+    rig.spawn()
+    recover = await rig.time_to_catch_up(began, within=90)
+    await rig.finish(f"kill -9 in the middle of a batch, 3 times ({path} path)", recover_s=recover, faults=3,
+                     notes=f"{BACKLOG:,} backlog; recover: from the last restart, backlog included", within=120)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_target_restart_in_the_middle_of_a_batch(rig: Rig, path: str) -> None:
+    """The target server is killed (SIGKILL) and started again while a backlog is copied: the batch
+    dies with it (10208, or a timeout); the worker learns from the target what landed and carries on."""
+    await backlog(rig, path)
+    rig.spawn()
+    await copying(rig, path, BACKLOG // 4)
+    await rig.stop_server(rig.target, kill=True)
+    assert await stream_count(rig.source_nc, STREAM) > 0  # (the target's count is gone with it)
+    await asyncio.sleep(2.0)
+    began = time.monotonic()
+    await rig.start_server(rig.target)
+    recover = await rig.time_to_catch_up(began, within=90)
+    await rig.finish(f"target killed and restarted in the middle of a batch ({path} path)", recover_s=recover,
+                     notes=f"{BACKLOG:,} backlog; recover: from the restart, backlog included", within=120)
+
+
 SERVER_DOWN_NOTES = {"target": "recover: from the restart", "source": "publishing retried during the outage"}
 
 
@@ -142,14 +199,18 @@ async def test_half_open_links_detected_by_pings(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(120)
-async def test_target_stream_full_backs_off_alerts_and_resumes(rig: Rig) -> None:
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_target_stream_full_backs_off_alerts_and_resumes(rig: Rig, path: str) -> None:
     """`max_msgs` with discard new: the replicator backs off, says so in the target_blocked gauge
-    (scraped over HTTP) and the log, and once the limit is raised copies the rest, nothing lost."""
+    (scraped over HTTP) and the log, and once the limit is raised copies the rest, nothing lost.
+    On the batch path the stream fills in the middle of a batch (an error frame ends it)."""
     limit = 1500
     await rig.stream()
     js = rig.target_nc.jetstream()
     await js.add_stream(StreamConfig(name=STREAM, subjects=["fleet.>"], max_msgs=limit,
-                                     discard=DiscardPolicy.NEW))
+                                     discard=DiscardPolicy.NEW, allow_batched=True if path == "batch" else None))
+    if path == "batch":
+        await publish_many(rig.source_nc, 2 * limit, size=64)  # a backlog: the limit is hit inside a batch
     rig.write_config()
     rig.spawn()
     rig.publish()
@@ -167,7 +228,7 @@ async def test_target_stream_full_backs_off_alerts_and_resumes(rig: Rig) -> None
     await js.update_stream(config)
     recover = await rig.time_to_catch_up(raised)
     assert await wait_metric(rig.monitor, "stream_replicator_target_blocked", 0.0, 10, worker="sr_0")
-    await rig.finish("target stream full (max_msgs, discard new)", recover_s=recover,
+    await rig.finish(f"target stream full (max_msgs, discard new; {path} path)", recover_s=recover,
                      notes=f"blocked gauge 1, {failed:.0f} failed attempts; recover: from raising max_msgs")
 
 
