@@ -12,8 +12,8 @@ import argparse
 import asyncio
 import cProfile
 import io
-import signal
 import pstats
+import signal
 import subprocess
 import sys
 import tempfile

@@ -49,6 +49,7 @@ COMMIT_IDLE = 0.02  # seconds without a message for the open batch before it is 
 COMMIT_WAIT = 0.5  # the same while the source has more pending (a slow link, not the end of a backlog)
 COOL_DOWN = 10.0  # seconds of per-message writes after a chain break in a batch
 OUTSTANDING = 2  # flow-ack intervals in flight (ADR-50 suggests 1 to 3)
+BATCH_WINDOW = 4  # the ordered window on the batch path, in multiples of max_in_flight
 FALLBACK_CODES = frozenset({10205, 10206, 10207})  # disabled, pattern or id refused: no fast ingest here
 BATCH = "batch"
 MESSAGE = "message"
@@ -78,10 +79,9 @@ def state(batch: FastBatch, bseq: int) -> State:
 class BatchWriter:
     """The batch side of the ordered copier's writes to one target stream."""
 
-    def __init__(self, nc: Client, wake: asyncio.Event, max_in_flight: int, worker: str) -> None:
+    def __init__(self, nc: Client, wake: asyncio.Event, worker: str) -> None:
         self.nc = nc
         self.router = BatchRouter(nc, wake)
-        self.max_unconfirmed = max_in_flight
         self.worker = worker
         self.enabled = False  # the target stream allows batched publishing
         self.batch: FastBatch | None = None
@@ -109,9 +109,10 @@ class BatchWriter:
             return None
         return b
 
-    def room(self, ready: int) -> int:
+    def room(self, ready: int, window: int) -> int:
         """How many of `ready` messages the batch path takes now: -1 none (write them per message),
-        0 not yet (flow control: the open batch waits for acknowledgements)."""
+        0 not yet (flow control: the open batch waits for acknowledgements, at most the larger of
+        `window` and twice the server's cadence unconfirmed)."""
         b = self.active()
         if b is None:
             if not self.enabled or ready < BATCH_MIN or time.monotonic() < self.cool_until:
@@ -123,7 +124,7 @@ class BatchWriter:
             return 1
         if not b.open:
             return 0
-        return max(0, max(OUTSTANDING * b.msgs, self.max_unconfirmed) - b.unconfirmed)
+        return max(0, max(OUTSTANDING * b.msgs, window) - b.unconfirmed)
 
     async def send(self, messages: list[tuple[str, bytes, bytes]], window: int) -> tuple[FastBatch, int]:
         """Into the open batch (opened here if none, asking for a flow of a quarter of the

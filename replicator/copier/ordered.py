@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from replicator.copier import durable
-from replicator.copier.batching import BatchWriter, State, state
+from replicator.copier.batching import BATCH_WINDOW, BatchWriter, State, state
 from replicator.copier.control import Backoff, Stopper, wait_wake
 from replicator.copier.endpoints import (
     POISON_ATTEMPTS,
@@ -81,11 +81,11 @@ class OrderedCopier:
         s = self.ep.profile.settings
         self.window: deque[Entry] = deque()
         self.unsent: deque[Entry] = deque()  # the window's tail not yet published, in order
-        self.max_in_flight = s.max_in_flight
+        self.configured_in_flight = s.max_in_flight
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
-        self.writer = BatchWriter(self.ep.target_nc, self.wake, self.max_in_flight, self.ep.worker)
+        self.writer = BatchWriter(self.ep.target_nc, self.wake, self.ep.worker)
         self.puller: Puller | None = None
         self.position: TargetPosition | None = None
         self.committed = 0  # highest source sequence copied or skipped, in order
@@ -294,7 +294,7 @@ class OrderedCopier:
             if not unsent[0].copy.chainable:
                 self.chain_open = False  # it goes alone once it heads the window; the rest wait for it
                 break
-            room = writer.room(len(unsent))
+            room = writer.room(len(unsent), self._capacity())
             if room == 0:
                 break  # flow control: the batch's acknowledgements wake us
             taken: list[Entry] = []
@@ -318,6 +318,12 @@ class OrderedCopier:
                 entry.batch, entry.bseq, entry.sent_at = batch, first + i, now
                 entry.attempts += 1
             self.last_id = predecessor
+
+    @property
+    def max_in_flight(self) -> int:
+        """The window: `max_in_flight`, times `BATCH_WINDOW` on the batch path, where messages in
+        flight cost the target no acknowledgement each and long links need a deep window."""
+        return self.configured_in_flight * (BATCH_WINDOW if self.writer.enabled else 1)
 
     def _capacity(self) -> int:
         """Messages the window holds at most, by count and by bytes."""

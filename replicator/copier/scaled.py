@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections import deque
@@ -35,6 +34,7 @@ from replicator.copier.headers import TargetFeatures
 from replicator.copier.poison import StuckWatch, describe, give_up
 from replicator.copier.provenance import stream_identity
 from replicator.copier.transform import MessageTransform
+from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import (
     ACK_DELIVERED,
@@ -45,6 +45,7 @@ from replicator.transport.jetstream import (
     PublishError,
     Puller,
     ack,
+    ack_many,
     ack_tokens,
     nak,
     term,
@@ -58,12 +59,14 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class InFlight:
     msg: RawMsg
-    future: asyncio.Future[bytes]
     started: float
     delivered: int
     seq: int
     ts: int
     subject: str
+    token: str = ""  # the publisher's, while its answer is awaited
+    error: PublishError | None = None
+    done: bool = False
 
 
 @dataclass
@@ -76,7 +79,7 @@ class ScaledWorker:
     def __post_init__(self) -> None:
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
-        self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
+        self.publisher = Publisher(self.ep.target_nc, wake=self.wake, on_result=self._finished)
         self.sent: deque[InFlight] = deque()  # send order, for timeouts
         self.finished: deque[InFlight] = deque()  # settled by the target, waiting to be acked or nak'ed
         self.in_flight = 0
@@ -134,11 +137,18 @@ class ScaledWorker:
                     else:
                         log.warning("%s consumer status %d %s", ep.worker, status, text)
                 received = received_bytes = 0
-                while puller.buffer and self.in_flight < self.max_in_flight:
+                out: list[tuple[str, bytes | None, bytes]] = []
+                items: list[InFlight] = []
+                while puller.buffer and self.in_flight + len(items) < self.max_in_flight:
                     msg = puller.buffer.popleft()
                     received += 1
                     received_bytes += len(msg.data)
-                    await self._admit(msg)
+                    await self._admit(msg, out, items)
+                if items:
+                    self.in_flight += len(items)
+                    self.sent.extend(items)
+                    for item, token in zip(items, await self.publisher.publish_many(out, items), strict=True):
+                        item.token = token
                 if received:
                     ep.metrics.received_msgs.inc(received)
                     ep.metrics.received_bytes.inc(received_bytes)
@@ -163,7 +173,9 @@ class ScaledWorker:
             await puller.stop()
             await self.publisher.stop()
 
-    async def _admit(self, msg: RawMsg) -> None:
+    async def _admit(self, msg: RawMsg, out: list[tuple[str, bytes | None, bytes]], items: list[InFlight]) -> None:
+        """Decide on one delivery: skipped ones are acked at once, copies join `out` (and `items`)
+        to be published together."""
         ep = self.ep
         tokens = ack_tokens(msg.reply)
         seq = int(tokens[ACK_STREAM_SEQ])
@@ -175,12 +187,9 @@ class ScaledWorker:
             await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return
         ts = int(tokens[ACK_TIMESTAMP])
-        out = self.transform.build(msg, seq, ts)
-        fut = await self.publisher.publish(out.subject, out.payload, out.block())
-        item = InFlight(msg, fut, time.monotonic(), int(tokens[ACK_DELIVERED]), seq, ts, out.subject)
-        self.sent.append(item)
-        self.in_flight += 1
-        fut.add_done_callback(functools.partial(self._finished, item))
+        built = self.transform.build(msg, seq, ts)
+        out.append((built.subject, built.block(), built.payload))
+        items.append(InFlight(msg, time.monotonic(), int(tokens[ACK_DELIVERED]), seq, ts, built.subject))
 
     def _flush_counts(self) -> None:
         if self.lag is not None:
@@ -188,29 +197,31 @@ class ScaledWorker:
         flush_counts(self.ep, self.lag)
         self.lag = None
 
-    def _finished(self, item: InFlight, _future: asyncio.Future[bytes]) -> None:
+    def _finished(self, key: object, _pub_ack: bytes, error: PublishError | None) -> None:
+        item = key
+        assert isinstance(item, InFlight)
+        item.error, item.done = error, True
         self.finished.append(item)
 
     async def _settle(self) -> None:
         ep = self.ep
         m = ep.metrics
         now = time.monotonic()
-        copied = copied_bytes = 0
+        copied_bytes = 0
+        started: list[float] = []
+        acks: list[str] = []
         while self.finished:
             item = self.finished.popleft()
             self.in_flight -= 1
-            fut = item.future
-            err = fut.exception() if not fut.cancelled() else PublishError("publish timed out")
-            if err is None:
-                copied += 1
+            perr = item.error
+            if perr is None:
                 copied_bytes += len(item.msg.data)
-                m.processing_time.observe(now - item.started)
-                await ack(ep.source_nc, item.msg.reply, m.acks_failed.inc)
+                started.append(item.started)
+                acks.append(item.msg.reply)
                 if self.stuck.since:
                     await self.stuck.done(item.seq)
                 continue
             m.failed_msgs.inc()
-            perr = err if isinstance(err, PublishError) else PublishError(str(err))
             kind = classify(perr)
             if kind is Failure.PERMANENT and item.delivered >= POISON_ATTEMPTS:
                 await give_up(ep, self.publisher, self.transform.writer, item.msg, item.seq, item.ts, item.subject,
@@ -230,17 +241,19 @@ class ScaledWorker:
                 log.warning("%s publish of source sequence %d failed (%s): redelivery in %.1fs", ep.worker,
                             item.seq, describe(perr), delay)
             await nak(ep.source_nc, item.msg.reply, delay, m.acks_failed.inc)
-        if copied:
-            m.copied_msgs.inc(copied)
+        if acks:
+            await ack_many(ep.source_nc, acks, m.acks_failed.inc)
+            observe_many(m.processing_time, [now - t for t in started])
+            m.copied_msgs.inc(len(acks))
             m.copied_bytes.inc(copied_bytes)
             m.target_blocked.set(0)
 
     async def _expire(self, now: float) -> None:
         """Publishes whose ack never came (lost in a disconnect) fail, and the message is redelivered."""
-        while self.sent and (self.sent[0].future.done() or now - self.sent[0].started > PUBLISH_TIMEOUT):
+        while self.sent and (self.sent[0].done or now - self.sent[0].started > PUBLISH_TIMEOUT):
             item = self.sent.popleft()
-            if not item.future.done():
-                item.future.cancel()
+            if not item.done and self.publisher.drop(item.token):
+                self._finished(item, b"", PublishError("publish timed out"))
         await self._settle()
 
 

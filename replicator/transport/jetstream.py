@@ -14,15 +14,16 @@ import itertools
 import json
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
 from nats.js import api
 
 from replicator.transport.header_block import encode, status
-from replicator.transport.wire import RawMsg, send_hpub, subscribe_raw, unsubscribe_raw
+from replicator.transport.wire import RawMsg, hpub, send_frames, send_hpub, subscribe_raw, unsubscribe_raw
 
 
 class _DirectQueue:
@@ -200,14 +201,20 @@ class Puller:
         self.wake.set()
 
 
-class Publisher:
-    """Publishes to JetStream without waiting: each call returns a future settled by the PubAck
-    (its raw JSON, parsed only by whoever needs a field of it) or a `PublishError`."""
+OnResult = Callable[[object, bytes, "PublishError | None"], None]
 
-    def __init__(self, nc: Client, *, wake: asyncio.Event | None = None) -> None:
+
+class Publisher:
+    """Publishes to JetStream without waiting: `publish` returns a future settled by the PubAck
+    (its raw JSON, parsed only by whoever needs a field of it) or a `PublishError`; `publish_many`
+    writes many messages in one go and hands each answer to `on_result(key, pub_ack, error)`,
+    without a future per message."""
+
+    def __init__(self, nc: Client, *, wake: asyncio.Event | None = None, on_result: OnResult | None = None) -> None:
         self.nc = nc
         self.wake = wake
-        self._futures: dict[str, asyncio.Future[bytes]] = {}
+        self.on_result = on_result
+        self._futures: dict[str, asyncio.Future[bytes] | object] = {}  # token -> future, or publish_many's key
         self._ids = itertools.count(1)
         self._prefix = ""
         self._sub: Subscription | None = None
@@ -237,22 +244,61 @@ class Publisher:
             fut.set_exception(PublishError(f"publish failed: {type(err).__name__}: {err}"))
         return fut
 
+    async def publish_many(self, messages: Sequence[tuple[str, bytes | None, bytes]],
+                           keys: Sequence[object]) -> list[str]:
+        """Publish (subject, header block, payload) messages in one write; each answer goes to
+        `on_result` with its key. The tokens, for `drop`."""
+        assert self.on_result is not None
+        prefix, limit = self._prefix, self.nc._max_payload
+        frames: list[bytes] = []
+        tokens: list[str] = []
+        size = 0
+        for (subject, hdr, payload), key in zip(messages, keys, strict=True):
+            token = str(next(self._ids))
+            try:
+                frames.append(hpub(subject, f"{prefix}.{token}", hdr, payload, limit))
+            except MaxPayloadError as err:
+                self.on_result(key, b"", PublishError(f"publish failed: {type(err).__name__}: {err}"))
+                tokens.append("")
+                continue
+            self._futures[token] = key
+            tokens.append(token)
+            size += len(payload)
+        if frames:
+            try:
+                await send_frames(self.nc, frames, size)
+            except Exception as err:
+                for token in tokens:
+                    key = self._futures.pop(token, None) if token else None
+                    if key is not None:
+                        self.on_result(key, b"", PublishError(f"publish failed: {type(err).__name__}: {err}"))
+        return tokens
+
+    def drop(self, token: str) -> bool:
+        """Stop waiting for one of `publish_many`'s answers; False if it came already."""
+        return self._futures.pop(token, None) is not None
+
     def forget_all(self) -> None:
         """Drop futures we no longer wait for: late acks for them are then ignored."""
         for fut in self._futures.values():
-            if not fut.done():
+            if isinstance(fut, asyncio.Future) and not fut.done():
                 fut.cancel()
         self._futures.clear()
 
     def _on_ack(self, subject: str, reply: str, hdr: bytes | None, data: bytes) -> None:
-        fut = self._futures.pop(subject.rsplit(".", 1)[-1], None)
-        if fut is None or fut.done():
+        waiting = self._futures.pop(subject.rsplit(".", 1)[-1], None)
+        if waiting is None:
             return
         err = pub_ack_error(hdr, data)
-        if err is None:
-            fut.set_result(data)
+        if not isinstance(waiting, asyncio.Future):
+            assert self.on_result is not None
+            self.on_result(waiting, data, err)
+        elif waiting.done():
+            return
+        elif err is None:
+            waiting.set_result(data)
         else:
-            fut.set_exception(err)
+            waiting.set_exception(err)
         if self.wake is not None:
             self.wake.set()
 
@@ -276,6 +322,17 @@ async def ack(nc: Client, reply: str, on_error: Callable[[], None]) -> None:
         await nc.publish(reply, b"+ACK")
     except Exception:
         on_error()
+
+
+async def ack_many(nc: Client, replies: list[str], on_error: Callable[[], None]) -> None:
+    """`ack` for many deliveries, in one write."""
+    if not replies:
+        return
+    try:
+        await send_frames(nc, [b"PUB %s 4\r\n+ACK\r\n" % r.encode() for r in replies], 4 * len(replies))
+    except Exception:
+        for _ in replies:
+            on_error()
 
 
 async def nak(nc: Client, reply: str, delay: float, on_error: Callable[[], None]) -> None:

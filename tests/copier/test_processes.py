@@ -20,6 +20,7 @@ from tests.copier.helpers import (
     wait_for_count,
     write_config,
 )
+from tests.support.faults import log_size, wait_log
 
 
 async def _wait_http(url: str, timeout: float = 20.0) -> str:
@@ -48,9 +49,14 @@ async def test_kill_9_while_copying_loses_and_duplicates_nothing(
         proc = spawn(config, log_path=tmp_path / "worker.log")
         await asyncio.sleep(rng.uniform(1.0, 2.0))
         stop(proc, kill=True)
-    proc = spawn(config, log_path=tmp_path / "worker.log")
+    log = tmp_path / "worker.log"
+    started = log_size(log)
+    proc = spawn(config, log_path=log)
     try:
         assert await wait_for_count(target_nc, "FLEET", total, timeout=60) == total
+        # The killed ones may have copied everything: stop this one once it is up (a SIGTERM while
+        # Python is still importing ends it before it can handle signals).
+        assert await wait_log(log, "bound to", 30, started) is not None
         await asyncio.sleep(1.0)
     finally:
         assert stop(proc) == 0
