@@ -24,16 +24,20 @@ from typing import Any
 import yaml
 
 from bench.common import connect, preload
+from bench.sampling import preload_senders
 from replicator.demo.local_nats import LocalNatsServer
 
 
-async def profile(count: int, size: int, top: int, workdir: Path, extra: dict[str, Any]) -> str:
+async def profile(count: int, size: int, top: int, workdir: Path, extra: dict[str, Any], senders: int = 0) -> str:
     source = LocalNatsServer(name="source", store_dir=workdir / "src").start()
     target = LocalNatsServer(name="target", store_dir=workdir / "dst").start()
     try:
         src = await connect(source.url)
         dst = await connect(target.url)
-        await preload(src, "FLEET", "fleet", count, size)
+        if senders:  # the sampling benchmark's fleet: `count` rounds over `senders` JSON registrations
+            count = await preload_senders(src, senders, count)
+        else:
+            await preload(src, "FLEET", "fleet", count, size)
         topic = {"topic": "fleet.>", "source_url": source.url, "target_url": target.url, "name": "bench", **extra}
         config = workdir / "profile.yaml"
         config.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
@@ -42,7 +46,7 @@ async def profile(count: int, size: int, top: int, workdir: Path, extra: dict[st
                                  "--config", str(config), "--topic", "bench"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            seconds = await _fill(dst, proc, count)
+            seconds = await _fill(src if senders else dst, proc, count, consumed=bool(senders))
         finally:
             proc.terminate()
             proc.wait(60)
@@ -60,13 +64,18 @@ async def profile(count: int, size: int, top: int, workdir: Path, extra: dict[st
     return "\n".join([header, *(_short(line) for line in lines[start:])])
 
 
-async def _fill(dst: Any, proc: subprocess.Popen[bytes], count: int) -> float:
-    """Seconds from the first copy (profiler switched on) to the last."""
-    js = dst.jetstream()
+async def _fill(nc: Any, proc: subprocess.Popen[bytes], count: int, consumed: bool) -> float:
+    """Seconds from the first copy (profiler switched on) to the last (`consumed`: from the first
+    acknowledgement on the source to the last, when sampling leaves most messages uncopied)."""
+    js = nc.jetstream()
     first = 0.0
     while True:
         try:
-            n = (await js.stream_info("FLEET")).state.messages
+            if consumed:
+                info = await js.consumer_info("FLEET", "bench")
+                n = info.ack_floor.stream_seq if info.ack_floor else 0
+            else:
+                n = (await js.stream_info("FLEET")).state.messages
         except Exception:
             n = 0
         if n and not first:
@@ -112,13 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--fleet", type=int, default=0, metavar="SENDERS",
+                        help="the sampling benchmark's fleet instead: --messages rounds over SENDERS senders")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra topic settings (YAML values), e.g. --set max_in_flight=2000")
     args = parser.parse_args(argv)
     extra = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     with tempfile.TemporaryDirectory(prefix="sr-profile-") as tmp:
         began = time.monotonic()
-        print(asyncio.run(profile(args.messages, args.size, args.top, Path(tmp), extra)))
+        print(asyncio.run(profile(args.messages, args.size, args.top, Path(tmp), extra, args.fleet)))
         print(f"(run took {time.monotonic() - began:.0f} s)")
     return 0
 

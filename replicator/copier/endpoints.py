@@ -29,6 +29,8 @@ class Decider(Protocol):
     rates, costs no await), else returns what `settle` needs to decide with the shared store;
     `flush` publishes its counts, once per batch."""
 
+    wants_headers: bool  # the key or the update flag may come from a header
+
     def check(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending: ...
     async def settle(self, pending: Pending) -> bool: ...
     def flush(self) -> None: ...
@@ -42,7 +44,9 @@ def verdict(ep: Endpoints, msg: RawMsg, tokens: list[str]) -> bool | Pending:
         ep.metrics.too_old_msgs.inc()
         return False
     limiter = ep.limiter
-    return True if limiter is None else limiter.check(msg.subject, msg.headers, msg.data)
+    if limiter is None:
+        return True
+    return limiter.check(msg.subject, msg.headers if limiter.wants_headers else None, msg.data)
 
 
 async def settle(ep: Endpoints, pending: Pending) -> bool:

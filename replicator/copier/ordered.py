@@ -216,7 +216,8 @@ class OrderedCopier:
                 await self._consumer_trouble(status, text)
                 continue
             admitted = received_bytes = 0
-            while puller.buffer and len(self.window) < self.max_in_flight and self.gap is None:
+            limit = self.max_in_flight
+            while puller.buffer and len(self.window) < limit and self.gap is None:
                 msg = puller.buffer.popleft()
                 if await self._admit(msg):
                     admitted += 1

@@ -69,6 +69,9 @@ class Limiter:
         self.age = float(settings.age)
         self.surely_not_due = self.age * (1 - SPLAY_FRACTION)  # no sender's interval is shorter
         self.identify = identifier(settings)
+        # Headers are read only when the key or the flag may be in one; the copy loops then parse
+        # the header block for it, else never.
+        self.wants_headers = bool(settings.inspect_header or settings.update_flag)
         self.size_trigger = settings.size_trigger or 0
         # Counted here and added to the Prometheus counters by `flush` (once per batch in the copy
         # loops): a locked counter increment per message costs more than the skip it counts.

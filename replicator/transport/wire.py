@@ -58,9 +58,17 @@ class RawParser(Parser):
     """nats-py's `Parser`, faster, with a direct route for registered subscriptions."""
 
     def __init__(self, nc: Client, previous: Parser | None = None) -> None:
-        self.handlers: dict[int, RawHandler] = {}
+        self._by_sid: dict[bytes, RawHandler] = {}  # as the wire writes subscription ids
+        self._subjects: dict[bytes, str] = {}
         super().__init__(nc)
         self._previous = previous  # its unparsed bytes are taken over at the first `parse`
+
+    def register(self, sid: int, handler: RawHandler | None) -> None:
+        """Messages of subscription `sid` go to `handler` (None: back to nats-py)."""
+        if handler is None:
+            self._by_sid.pop(str(sid).encode(), None)
+        else:
+            self._by_sid[str(sid).encode()] = handler
 
     def reset(self) -> None:
         super().reset()
@@ -99,9 +107,10 @@ class RawParser(Parser):
             self._pending = b""
         pos = 0
         size = len(buf)
-        handlers = self.handlers
+        handlers = self._by_sid
+        subjects = self._subjects
         nc = self.nc
-        stats = nc.stats
+        count = payload_bytes = 0
         while pos < size:
             end = buf.find(b"\r\n", pos)
             if end < 0:
@@ -109,12 +118,12 @@ class RawParser(Parser):
                     raise ProtocolError("nats: control line too long")
                 break
             first = buf[pos]
-            if first == 77 and buf.startswith(b"MSG ", pos):  # M: subject sid [reply] size
+            if first == 77:  # MSG <subject> <sid> [reply] <size> (no other server operation starts with M)
                 args = buf[pos + 4:end].split()
                 hlen = 0
                 total = int(args[-1])
                 nargs = len(args)
-            elif first == 72 and buf.startswith(b"HMSG ", pos):  # H: subject sid [reply] hsize size
+            elif first == 72:  # HMSG <subject> <sid> [reply] <header size> <size>
                 args = buf[pos + 5:end].split()
                 hlen = int(args[-2])
                 total = int(args[-1])
@@ -128,28 +137,37 @@ class RawParser(Parser):
             if stop + 2 > size:  # the rest of this message is still on its way
                 if stop + 2 - size > _LARGE:
                     self._chunks, self._have, self._need = [buf[pos:]], size - pos, stop + 2 - pos
-                    return
+                    pos = size
                 break
             if nargs == 3:
-                subject, sid_b, reply = args[0], args[1], b""
+                subject_b, sid_b, reply = args[0], args[1], b""
             elif nargs == 4:
-                subject, sid_b, reply = args[0], args[1], args[2]
+                subject_b, sid_b, reply = args[0], args[1], args[2]
             else:
                 raise ProtocolError("nats: malformed MSG")
-            sid = int(sid_b)
             hdr = buf[start:start + hlen] if hlen else None
             payload = buf[start + hlen:stop]
             pos = stop + 2
-            handler = handlers.get(sid)
+            handler = handlers.get(sid_b)
             if handler is None:
-                await nc._process_msg(sid, subject, reply, payload, hdr)  # type: ignore[arg-type]
+                await nc._process_msg(int(sid_b), subject_b, reply, payload, hdr)  # type: ignore[arg-type]
                 continue
-            stats["in_msgs"] += 1
-            stats["in_bytes"] += len(payload)
+            count += 1
+            payload_bytes += stop - start - hlen
+            subject = subjects.get(subject_b)
+            if subject is None:
+                subject = subject_b.decode()
+                if len(subjects) >= 4096:  # a copy's subjects repeat, an inbox's do not: start over
+                    subjects.clear()
+                subjects[subject_b] = subject
             try:
-                handler(subject.decode(), reply.decode(), hdr, payload)
+                handler(subject, reply.decode(), hdr, payload)
             except Exception:  # never let a handler's bug kill the connection's read loop
-                log.exception("handler for subscription %d failed", sid)
+                log.exception("handler for subscription %s failed", sid_b)
+        if count:
+            stats = nc.stats
+            stats["in_msgs"] += count
+            stats["in_bytes"] += payload_bytes
         if pos < size:
             self._pending = buf[pos:]
 
@@ -184,14 +202,14 @@ async def subscribe_raw(nc: Client, subject: str, handler: RawHandler) -> Subscr
     """A subscription whose messages go straight to `handler` (see `RawParser`)."""
     parser = install(nc)
     sub = await nc.subscribe(subject, pending_msgs_limit=0, pending_bytes_limit=0)
-    parser.handlers[sub._id] = handler
+    parser.register(sub._id, handler)
     return sub
 
 
 async def unsubscribe_raw(nc: Client, sub: Subscription) -> None:
     parser = nc._ps
     if isinstance(parser, RawParser):
-        parser.handlers.pop(sub._id, None)
+        parser.register(sub._id, None)
     try:
         await sub.unsubscribe()
     except Exception:  # closed or reconnecting: nothing more will arrive for it

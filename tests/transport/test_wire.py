@@ -68,7 +68,7 @@ async def test_takeover_in_the_middle_of_a_message(target_nc: Client) -> None:
     await old.parse(b"HMSG mid %d r.1 12 17\r\nNATS/1.0\r\n\r\nhe" % sub._id)
     target_nc._ps = old
     raw = install(target_nc)
-    raw.handlers[sub._id] = lambda *m: got.append(m)
+    raw.register(sub._id, lambda *m: got.append(m))
     await raw.parse(b"llo\r\nMSG mid %d 3\r\nabc\r\n" % sub._id)
     assert got == [("mid", "r.1", b"NATS/1.0\r\n\r\n", b"hello"), ("mid", "", None, b"abc")]
 
