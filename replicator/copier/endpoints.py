@@ -36,17 +36,34 @@ class Decider(Protocol):
     def flush(self) -> None: ...
 
 
-def verdict(ep: Endpoints, msg: RawMsg, tokens: list[str]) -> bool | Pending:
+Verdict = Callable[[RawMsg, list[str]], "bool | Pending"]
+
+
+def verdict_for(ep: Endpoints) -> Verdict:
     """Copy this delivery? Not when older than `max_age` (counted) or sampled out; `Pending` when
-    only `settle` can tell. Synchronous, because at fleet rates most answers need no waiting."""
+    only `settle` can tell. Synchronous, because at fleet rates most answers need no waiting; bound
+    to one loop's settings once, because it runs for every delivery."""
     max_age = ep.profile.settings.max_age
-    if max_age and time.time() - int(tokens[ACK_TIMESTAMP]) / 1e9 > max_age:
-        ep.metrics.too_old_msgs.inc()
-        return False
     limiter = ep.limiter
-    if limiter is None:
-        return True
-    return limiter.check(msg.subject, msg.headers if limiter.wants_headers else None, msg.data)
+    if limiter is None and not max_age:
+        return lambda _msg, _tokens: True
+    if limiter is not None and not max_age:
+        check = limiter.check
+        if limiter.wants_headers:
+            return lambda msg, _tokens: check(msg.subject, msg.headers, msg.data)
+        return lambda msg, _tokens: check(msg.subject, None, msg.data)
+
+    oldest = float(max_age or 0)
+
+    def verdict(msg: RawMsg, tokens: list[str]) -> bool | Pending:
+        if time.time() - int(tokens[ACK_TIMESTAMP]) / 1e9 > oldest:
+            ep.metrics.too_old_msgs.inc()
+            return False
+        if limiter is None:
+            return True
+        return limiter.check(msg.subject, msg.headers if limiter.wants_headers else None, msg.data)
+
+    return verdict
 
 
 async def settle(ep: Endpoints, pending: Pending) -> bool:

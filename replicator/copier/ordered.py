@@ -32,7 +32,7 @@ from replicator.copier.endpoints import (
     flush_counts,
     settle,
     start_position,
-    verdict,
+    verdict_for,
 )
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
@@ -84,6 +84,7 @@ class OrderedCopier:
         self.configured_in_flight = s.max_in_flight
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
+        self.verdict = verdict_for(self.ep)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
         self.writer = BatchWriter(self.ep.target_nc, self.wake, self.ep.worker)
         self.puller: Puller | None = None
@@ -261,7 +262,7 @@ class OrderedCopier:
             return False  # a redelivery of something done or already in the window
         self.lag = tokens[ACK_PENDING]
         self.caught_up = self.lag == "0"
-        copy = verdict(ep, msg, tokens)
+        copy = self.verdict(msg, tokens)
         if isinstance(copy, Pending):
             copy = await settle(ep, copy)
         if not copy:

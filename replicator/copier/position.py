@@ -1,14 +1,14 @@
 """Where one writer stands on the target: how its copies are confirmed, and how resuming finds them.
 
 **Confirmation.** The ordered copier pipelines its publishes yet keeps them in order with a chain:
-each carries `Nats-Expected-Last-Msg-Id` naming its predecessor's `Nats-Msg-Id` (`link`). The
+each carries `Nats-Expected-Last-Msg-Id` naming its predecessor's `Nats-Msg-Id` (`Copy.block`). The
 server checks it against the id of the last message *stored in the stream*, so when anything
 else lands in between (another city fanning into the same stream, any other publisher) or the
 predecessor failed, the message and everything after it are refused (10070): what landed is
 always a prefix, and the copier re-sends the rest, the first one alone (no check). A message is
-confirmed by its own PubAck; `ack_seq` reads the target sequence from it, the lower bound of any
-later search. A batch publisher (fast ingest) would confirm a window by its flow acks instead;
-resuming stays the same.
+confirmed by its own PubAck, or, written in a fast-ingest batch, by the batch's flow ack or commit
+(`batching.py`); `ack_seq` reads the target sequence from a PubAck, the lower bound of any later
+search. Resuming is the same for both.
 
 **Resuming** (`TargetPosition.last_landed`) must find this writer's newest copy even when other
 writers wrote after it, on the same subjects: the last message on the subject filter is tried
@@ -29,28 +29,13 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from replicator.copier.provenance import (
-    CHORIA_SOURCE,
-    EXPECTED_LAST_MSG_ID,
-    PROVENANCE,
-    Writer,
-    parse_choria_source,
-    parse_provenance,
-)
+from replicator.copier.provenance import CHORIA_SOURCE, PROVENANCE, Writer, parse_choria_source, parse_provenance
 from replicator.transport.jetstream import ACK_PENDING, ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens
 
 log = logging.getLogger(__name__)
 
 MAX_CLOCK_SKEW_NS = 120 * 1_000_000_000  # between the source's, this host's and the target's clocks
 FIRST_CHUNK, MAX_CHUNK = 256, 65_536
-
-
-def link(headers: dict[str, str], predecessor: str | None) -> None:
-    """Chain a publish to its predecessor's msg id (None: publish it alone, without the check)."""
-    if predecessor is None:
-        headers.pop(EXPECTED_LAST_MSG_ID, None)
-    else:
-        headers[EXPECTED_LAST_MSG_ID] = predecessor
 
 
 def ack_seq(pub_ack: bytes) -> int:

@@ -27,7 +27,7 @@ from replicator.copier.endpoints import (
     flush_counts,
     settle,
     start_position,
-    verdict,
+    verdict_for,
 )
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
@@ -79,6 +79,7 @@ class ScaledWorker:
     def __post_init__(self) -> None:
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
+        self.verdict = verdict_for(self.ep)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake, on_result=self._finished)
         self.sent: deque[InFlight] = deque()  # send order, for timeouts
         self.finished: deque[InFlight] = deque()  # settled by the target, waiting to be acked or nak'ed
@@ -180,7 +181,7 @@ class ScaledWorker:
         tokens = ack_tokens(msg.reply)
         seq = int(tokens[ACK_STREAM_SEQ])
         self.lag, self.last_seq = tokens[ACK_PENDING], seq
-        copy = verdict(ep, msg, tokens)
+        copy = self.verdict(msg, tokens)
         if isinstance(copy, Pending):
             copy = await settle(ep, copy)
         if not copy:

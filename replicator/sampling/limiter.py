@@ -124,7 +124,10 @@ class Limiter:
                 self._announce(key)
             return True
         t = store.table
-        if forced or self.due(key, t.copied[i], t.size[i], now, size):
+        copied = t.copied[i]
+        # `due` is false without a call for the commonest message: copied recently, no size trigger.
+        if forced or ((now - copied >= self.surely_not_due or self.size_trigger)
+                      and self.due(key, copied, t.size[i], now, size)):
             if not store.local:
                 return Pending(key, now, size, forced)
             store.copied_now(key, i, now, size)
