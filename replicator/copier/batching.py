@@ -18,13 +18,14 @@ after it), else from the target.
 **When.** A backlog of at least `BATCH_MIN` ready messages opens a batch; single messages of a
 trickle go per message (no batch to open, no commit to wait for). An open batch takes every later
 message while flow control allows (after the server's first flow ack, and at most the larger of
-twice its cadence and `max_in_flight` unconfirmed); it is committed once nothing was sent to it
-for `COMMIT_IDLE` while the source has nothing more pending (for `COMMIT_WAIT` when it has, and
-its messages are merely slow to come), which confirms the messages after the last flow boundary.
-The flow asked for is a quarter of what the window holds, so acknowledgements come often enough to
-keep the window moving when messages are large. After a chain break
-(another writer in between: fan-in) the copier writes per message for `COOL_DOWN`, because every
-abandoned batch counts against the stream's batch limit for 10 s.
+twice its cadence and the window unconfirmed); it is committed once nothing was sent to it for
+`COMMIT_IDLE` while the source has nothing more pending (for `COMMIT_WAIT` when it has, and its
+messages are merely slow to come), which confirms the messages after the last flow boundary. The
+flow asked for is a quarter of what the window holds, so acknowledgements come often enough to
+keep the window moving when messages are large. After a chain break (another writer in between:
+fan-in) the copier writes per message for `COOL_DOWN`, doubling while breaks recur: a broken chain
+wastes the window in flight, and every abandoned batch counts against the stream's batch limit
+for 10 s.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ log = logging.getLogger(__name__)
 BATCH_MIN = 16  # ready messages that make a batch worth opening
 COMMIT_IDLE = 0.02  # seconds without a message for the open batch before it is committed (caught up)
 COMMIT_WAIT = 0.5  # the same while the source has more pending (a slow link, not the end of a backlog)
-COOL_DOWN = 10.0  # seconds of per-message writes after a chain break in a batch
+COOL_DOWN = 10.0  # seconds of per-message writes after a chain break in a batch: doubled while breaks
+COOL_DOWN_MAX = 600.0  # recur (a busy fan-in), back to COOL_DOWN once a batch commits cleanly
 OUTSTANDING = 2  # flow-ack intervals in flight (ADR-50 suggests 1 to 3)
 BATCH_WINDOW = 4  # the ordered window on the batch path, in multiples of max_in_flight
 FALLBACK_CODES = frozenset({10205, 10206, 10207})  # disabled, pattern or id refused: no fast ingest here
@@ -86,12 +88,18 @@ class BatchWriter:
         self.enabled = False  # the target stream allows batched publishing
         self.batch: FastBatch | None = None
         self.cool_until = 0.0
+        self.cool_for = COOL_DOWN
         self.last_send = 0.0
         self.last_ping = 0.0
 
     @property
     def path(self) -> str:
         return BATCH if self.enabled else MESSAGE
+
+    @property
+    def batching(self) -> bool:
+        """Batches may be written now: the target allows them and no fan-in cool-down is on."""
+        return self.enabled and time.monotonic() >= self.cool_until
 
     async def start(self) -> None:
         await self.router.start()
@@ -148,6 +156,8 @@ class BatchWriter:
         nothing more pending either."""
         b = self.batch
         if b is None or b.ended:
+            if b is not None and b.error is None:
+                self.cool_for = COOL_DOWN  # a batch went through: fan-in is over, or was brief
             return 1.0
         now = time.monotonic()
         if b.reconnects != self.nc.stats["reconnects"]:
@@ -192,7 +202,10 @@ class BatchWriter:
         if err is not None and (err.code in FALLBACK_CODES):
             self.disable(f"{err.description} (code {err.code})")
         elif err is not None and classify(err) is Failure.CHAIN:
-            self.cool_until = time.monotonic() + COOL_DOWN
+            self.cool_until = time.monotonic() + self.cool_for
+            log.info("%s another writer stored messages in between: writing per message for %.0f s",
+                     self.worker, self.cool_for)
+            self.cool_for = min(self.cool_for * 2, COOL_DOWN_MAX)
         self.batch = None
 
     def path_failure(self, err: PublishError) -> bool:

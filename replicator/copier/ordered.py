@@ -323,9 +323,10 @@ class OrderedCopier:
 
     @property
     def max_in_flight(self) -> int:
-        """The window: `max_in_flight`, times `BATCH_WINDOW` on the batch path, where messages in
-        flight cost the target no acknowledgement each and long links need a deep window."""
-        return self.configured_in_flight * (BATCH_WINDOW if self.writer.enabled else 1)
+        """The window: `max_in_flight`, times `BATCH_WINDOW` while writing batches, where messages
+        in flight cost the target no acknowledgement each and long links need a deep window (not
+        during a fan-in cool-down: a broken chain wastes the whole window)."""
+        return self.configured_in_flight * (BATCH_WINDOW if self.writer.batching else 1)
 
     def _capacity(self) -> int:
         """Messages the window holds at most, by count and by bytes."""
