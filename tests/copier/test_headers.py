@@ -86,3 +86,53 @@ def test_messages_without_server_headers_take_the_fast_path_unchanged() -> None:
     original = {"X-A": "1", "Content-Type": "application/json"}
     applied = HeaderPolicy(ALL).apply(original)
     assert applied.headers == original and applied.headers is not original
+
+
+def _block(headers: list[tuple[str, str]]) -> bytes:
+    return ("NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n").encode()
+
+
+def _lines(head: bytes) -> list[tuple[str, str]]:
+    """A block's header lines as (name, value), parsed as nats-py reads them."""
+    out = []
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep:
+            out.append((name.strip().decode(), value.strip().decode()))
+    return out
+
+
+CASES = [
+    [],
+    [("X-Site", "ams"), ("Content-Type", "application/json")],
+    [("X-Site", "ams"), ("Nats-Msg-Id", "agent-1"), ("Nats-TTL", "1h"), ("Nats-Batch-Id", "b"), ("Nats-Incr", "+2"),
+     ("Nats-Expected-Last-Sequence", "4"), ("Nats-Required-Api-Level", "2")],
+    [("Nats-Incr", "+2"), ("Nats-Counter-Sources", "{}"), ("Nats-TTL", "5m")],
+    [("Nats-Marker-Reason", "MaxAge"), ("Nats-TTL", "1m0s"), ("Nats-Rollup", "sub")],
+    [("Stream-Replicator-Orig-Nats-Msg-Id", "agent-1"), ("Stream-Replicator-Source", "S 1 city 1 w1"),
+     ("Nats-Msg-Id", "w1:1"), ("X-Other", "x")],
+    [("Nats-Schedule", "@every 1m"), ("Nats-Schedule-Target", "a.b"), ("Nats-Stream-Source", "x"),
+     ("X-Value", "Nats-TTL: in a value"), ("nats-ttl", "lower case, not the server's")],
+]
+
+
+@pytest.mark.parametrize("features", [NO_FEATURES, ALL], ids=["plain", "featured"])
+@pytest.mark.parametrize("headers", CASES)
+def test_the_block_policy_decides_as_the_dict_policy(headers: list[tuple[str, str]], features: TargetFeatures) -> None:
+    """Same table, same decisions: the raw-bytes path keeps, drops and renames what the dict path
+    does (a previous hop's provenance goes: each hop adds its own)."""
+    policy = HeaderPolicy(features)
+    by_dict = policy.apply(dict(headers) or None)
+    by_block = policy.apply_block(_block(headers) if headers else None)
+    wanted = {k: v for k, v in by_dict.headers.items() if k != "Stream-Replicator-Source"}
+    assert dict(_lines(by_block.head)) == wanted
+    assert (by_block.empty_payload, by_block.chainable) == (by_dict.empty_payload, by_dict.chainable)
+    assert by_block.head.startswith(b"NATS/1.0\r\n") and by_block.head.endswith(b"\r\n")
+
+
+def test_the_block_policy_keeps_every_other_byte() -> None:
+    """Repeated names, their order, padding and odd spacing survive; only the policy's lines change."""
+    block = b"NATS/1.0\r\nX-A: 1\r\nNats-TTL:5m\r\nX-A:   2  \r\nX-B:x\r\n\r\n"
+    assert HeaderPolicy().apply_block(block).head == (
+        b"NATS/1.0\r\nX-A: 1\r\nStream-Replicator-Orig-Nats-TTL:5m\r\nX-A:   2  \r\nX-B:x\r\n")
+    assert HeaderPolicy(ALL).apply_block(block).head == block[:-2]
