@@ -6,8 +6,6 @@ import logging
 
 import pytest
 
-import pytest
-
 from replicator.copier.provenance import stream_identity, writer_id
 from tests.copier.helpers import (
     WRITE_PATHS,
