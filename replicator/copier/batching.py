@@ -38,10 +38,12 @@ from enum import Enum
 
 from nats.aio.client import Client
 
-from replicator.copier.endpoints import PUBLISH_TIMEOUT
+from replicator.copier import durable
+from replicator.copier.endpoints import PUBLISH_TIMEOUT, Endpoints
 from replicator.copier.failures import Failure, classify
 from replicator.transport.fastbatch import BatchRouter, FastBatch
 from replicator.transport.jetstream import PublishError
+from replicator.transport.streams import set_consumer_note
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ class BatchWriter:
         self.cool_for = COOL_DOWN
         self.last_send = 0.0
         self.last_ping = 0.0
+        self.shown = ""  # the path last logged, exported and noted
 
     @property
     def path(self) -> str:
@@ -103,6 +106,24 @@ class BatchWriter:
 
     async def start(self) -> None:
         await self.router.start()
+
+    async def show(self, ep: Endpoints) -> None:
+        """Log and export how the target is written (after every change), and note it on the
+        durable for `report` when it changes at runtime (the durable is created with the note)."""
+        path = self.path
+        if path == self.shown:
+            return
+        changed, self.shown = bool(self.shown), path
+        ep.metrics.write_path(path)
+        if changed:
+            with contextlib.suppress(Exception):
+                await set_consumer_note(ep.source_js, ep.source_stream, ep.profile.durable_name, durable.WRITE_NOTE,
+                                        path)
+        if path == BATCH:
+            log.info("%s writes to target stream %s in fast-ingest batches", ep.worker, ep.target_stream)
+        else:
+            log.info("%s writes to target stream %s per message (it does not allow batched publishing)",
+                     ep.worker, ep.target_stream)
 
     async def stop(self) -> None:
         await self.router.stop()
@@ -123,6 +144,8 @@ class BatchWriter:
         `window` and twice the server's cadence unconfirmed)."""
         b = self.active()
         if b is None:
+            if self.batch is not None and self.batch.error is not None:
+                return 0  # a failed batch: nothing more goes out until recovery has dealt with it
             if not self.enabled or ready < BATCH_MIN or time.monotonic() < self.cool_until:
                 return -1
             if self.batch is not None and not self.batch.ended:
@@ -191,10 +214,12 @@ class BatchWriter:
             with contextlib.suppress(Exception):
                 await b.commit()
 
-    def abandon(self) -> None:
-        """After a failure: the batch is over for us (its later frames are ignored), and what it
-        tells decides how the next messages go."""
+    def abandon(self, failure: PublishError | None = None) -> None:
+        """After a failure (`failure`, the error recovery deals with): the batch is over for us (its
+        later frames are ignored), and what it, or the failure, tells decides how the next messages go."""
         b = self.batch
+        if failure is not None and self.path_failure(failure):
+            self.disable(f"{failure.description} (code {failure.code})")
         if b is None:
             return
         self.router.forget(b)

@@ -61,7 +61,7 @@ from replicator.transport.jetstream import (
     ack,
     ack_tokens,
 )
-from replicator.transport.streams import set_consumer_note, stream_created
+from replicator.transport.streams import stream_created
 from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,6 @@ class OrderedCopier:
         self.blocked_since: float | None = None
         self.stuck = StuckWatch(self.ep, self.ep.profile.durable_name)
         self.avg_size = 1024.0  # payload bytes per message, learned as messages arrive
-        self.path_shown = ""
         # Consumer (delivery) sequence of the last message delivered: deliveries count up by one, so
         # a jump means messages were lost in transit (a cut link) and must be fetched again.
         self.last_cseq = 0
@@ -117,28 +116,9 @@ class OrderedCopier:
         info = await self.ep.target_js.stream_info(self.ep.target_stream)
         features = TargetFeatures.of(info.config)
         self.transform.set_features(features)
-        if features.batched != self.writer.enabled or not self.path_shown:
+        if features.batched != self.writer.enabled or not self.writer.shown:
             self.writer.enabled = features.batched
-            await self._show_path()
-
-    async def _show_path(self) -> None:
-        """Log and export how the target is written (after every change)."""
-        path = self.writer.path
-        if path == self.path_shown:
-            return
-        changed = bool(self.path_shown)
-        self.path_shown = path
-        ep = self.ep
-        ep.metrics.write_path(path)
-        if changed:  # at runtime (the durable is created with the note)
-            with contextlib.suppress(Exception):
-                await set_consumer_note(ep.source_js, ep.source_stream, ep.profile.durable_name, durable.WRITE_NOTE,
-                                        path)
-        if path == "batch":
-            log.info("%s writes to target stream %s in fast-ingest batches", ep.worker, ep.target_stream)
-        else:
-            log.info("%s writes to target stream %s per message (it does not allow batched publishing)",
-                     ep.worker, ep.target_stream)
+            await self.writer.show(self.ep)
 
     async def bind(self) -> None:
         """(Re)create the durable at the resume point: the server's redelivery order cannot be trusted
@@ -214,8 +194,8 @@ class OrderedCopier:
             if puller.last_status is not None:
                 status, text = puller.last_status
                 puller.last_status = None
-                await self._consumer_trouble(status, text)
-                continue
+                if await self._consumer_trouble(status, text):
+                    continue  # rebound: what was buffered is gone
             admitted = received_bytes = 0
             limit = self.max_in_flight
             while puller.buffer and len(self.window) < limit and self.gap is None:
@@ -408,6 +388,10 @@ class OrderedCopier:
             m.current_sequence.set(self.committed)
             self.backoff.reset()
             await ack(ep.source_nc, reply, m.acks_failed.inc)
+        batch = self.writer.batch
+        if failed is None and batch is not None and batch.error is not None and not any(
+                e.batch is batch for e in window):
+            self.writer.abandon()  # it failed after confirming all it holds: nothing to recover
         if failed is not None:
             await self._recover(*failed)
         elif not self.chain_open and window and window[0].future is None and window[0].batch is None:
@@ -449,8 +433,8 @@ class OrderedCopier:
             await asyncio.wait(pending, timeout=PUBLISH_TIMEOUT)
         unsure = any_unsure(self.window)
         self.publisher.forget_all()
-        self.writer.abandon()
-        await self._show_path()
+        self.writer.abandon(err)
+        await self.writer.show(self.ep)
         upto: int | None = None
         if unsure:  # an answer was lost: only the target can tell what landed
             upto = await self._landed_up_to()
@@ -527,24 +511,25 @@ class OrderedCopier:
             self.confirmed_target = landed.target_seq
         return landed.source_seq
 
-    async def _consumer_trouble(self, status: int, text: str) -> None:
+    async def _consumer_trouble(self, status: int, text: str) -> bool:
         """409s: the consumer was deleted or lost leadership; 503: it is gone. Rebind where we are,
-        or from the start position when the source stream was deleted and created again."""
+        or from the start position when the source stream was deleted and created again. False
+        for any other status (the copy goes on: a `continue` per status could starve it)."""
         ep = self.ep
         gone = status == 503 or "deleted" in text.lower()
         if not gone and not (status == 409 and "leadership" in text.lower()):
             log.warning("%s consumer status %d %s", ep.worker, status, text)
-            return
+            return False
         try:
             identity = await self._identify()
         except Exception as err:
             log.warning("%s source stream %s unavailable (%s): retrying", ep.worker, ep.source_stream, err)
             await self.stopper.sleep(self.backoff.next())
-            return
+            return True
         if identity == self.transform.writer.identity:
             log.warning("%s consumer status %d %s", ep.worker, status, text)
             await self._rebind(delete=False)
-            return
+            return True
         log.warning("%s source stream %s was deleted and created again: copying the new stream from its "
                     "start position", ep.worker, ep.source_stream)
         self.publisher.forget_all()
@@ -560,6 +545,7 @@ class OrderedCopier:
         except Exception as err:
             log.warning("%s cannot bind consumer: %s", ep.worker, err)
             await self.stopper.sleep(self.backoff.next())
+        return True
 
     async def _rebind(self, *, delete: bool) -> None:
         """Point the durable right after what we hold (window or committed) and pull afresh.

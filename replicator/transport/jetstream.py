@@ -152,12 +152,15 @@ class Puller:
                 del self._outstanding[rid]
 
     async def request(self, room: int) -> None:
-        """Ask for more so that buffered + requested covers `room` (in whole batches)."""
+        """Ask for more so that buffered + requested covers `room` (in whole batches, and only once
+        at least a quarter of a batch is missing)."""
         now = time.monotonic()
         self._count_arrivals()
         for rid in [rid for rid, r in self._outstanding.items() if r[1] < now]:
             del self._outstanding[rid]  # expired without a status reply (e.g. lost in a reconnect)
         want = room - len(self.buffer) - self.requested
+        if want < min(self.batch, room) // 4:
+            return  # not for a few: a request per freed slot piles up waiting requests on the server
         while want > 0:
             n = min(self.batch, want)
             rid = str(next(self._ids))
