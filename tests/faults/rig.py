@@ -92,6 +92,12 @@ class Rig:
         if self.city is not None:
             await make_stream(self.city.nc, STREAM, **kw)
 
+    async def target_for(self, path: str) -> None:
+        """The target stream for a write path: `message`, created here without `allow_batched`;
+        `batch`, left to the replicator, which creates it with `allow_batched`."""
+        if path == "message":
+            await make_stream(self.target_nc, STREAM)
+
     def write_config(self, **overrides: Any) -> Path:
         settings: dict[str, Any] = {"max_in_flight": 1000, "monitor": self.monitor, **overrides}
         source_url = self.source_proxy.url.replace("://", f"://{self.userinfo}", 1)

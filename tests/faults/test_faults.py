@@ -46,13 +46,17 @@ pytestmark = pytest.mark.slow
 OUTAGE = 10.0  # seconds a server or link stays down
 
 
-async def warm_up(rig: Rig, rate: float = 400.0, **config: object) -> None:
-    """Stream, config, one replicator, publishing, and the first messages across."""
+async def warm_up(rig: Rig, path: str, rate: float = 400.0, **config: object) -> None:
+    """Stream, target for the write path, config, one replicator, publishing, and the first
+    messages across (a caught-up copier writes single messages per message on either path; the
+    catch-up after a fault goes in batches where the target takes them)."""
     await rig.stream()
+    await rig.target_for(path)
     rig.write_config(**config)
     rig.spawn()
     rig.publish(rate)
     assert await wait_count(rig.target_nc, STREAM, 300, 30) is not None, rig.log_tail()
+    assert await wait_metric(rig.monitor, "stream_replicator_write_path", 1.0, 10, path=path), rig.log_tail()
 
 
 @pytest.fixture
@@ -64,13 +68,15 @@ def city2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]
 
 
 @pytest.mark.timeout(150)
-async def test_kill_9_ten_times_in_a_row(rig: Rig, city2: LocalNatsServer) -> None:
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_kill_9_ten_times_in_a_row(rig: Rig, city2: LocalNatsServer, path: str) -> None:
     """Two cities' replicators (same stream name, same config but the URL) fan into one target and
     are killed at random points (even before they connect), each time both: each resumes from its
     own newest copy among the other's: no gap, no duplicate, in order, across ten crashes."""
     rng = random.Random(20240607)
     await rig.add_city(city2)
     await rig.stream()
+    await rig.target_for(path)
     rig.write_config()
     rig.publish()
     for _ in range(10):
@@ -82,11 +88,17 @@ async def test_kill_9_ten_times_in_a_row(rig: Rig, city2: LocalNatsServer) -> No
     rig.spawn()
     rig.spawn(city=True)
     recover = await rig.time_to_catch_up(began)
-    await rig.finish("kill -9 of the workers, 10 times (ordered, 2 sources -> 1 target)", recover_s=recover,
+    await rig.finish(f"kill -9 of the workers, 10 times (ordered, 2 sources -> 1 target; {path} path)",
+                     recover_s=recover,
                      faults=10, notes="recover: from the last restart")
 
 
 BACKLOG = 40_000  # copied in fast-ingest batches (or per message), long enough to strike mid-copy
+
+
+# Windows that hold either path to about 10,000 msgs/s over a 20 ms RTT target link (a batch
+# path window is 4x max_in_flight), so a strike at a count lands well before the backlog's end.
+IN_FLIGHT = {"batch": 50, "message": 200}
 
 
 async def backlog(rig: Rig, path: str) -> None:
@@ -94,7 +106,8 @@ async def backlog(rig: Rig, path: str) -> None:
     await rig.stream()
     await make_target(rig.target_nc, path, STREAM)
     await publish_many(rig.source_nc, BACKLOG, size=64)
-    rig.write_config()
+    rig.target_proxy.set_delay(0.01)
+    rig.write_config(max_in_flight=IN_FLIGHT[path])
     rig.publish()
 
 
@@ -147,38 +160,41 @@ SERVER_DOWN_NOTES = {"target": "recover: from the restart", "source": "publishin
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", WRITE_PATHS)
 @pytest.mark.parametrize("side", ["target", "source"])
-async def test_server_down_for_10s(rig: Rig, side: str) -> None:
+async def test_server_down_for_10s(rig: Rig, side: str, path: str) -> None:
     server = rig.target if side == "target" else rig.source
-    await warm_up(rig)
+    await warm_up(rig, path)
     await rig.stop_server(server)
     await asyncio.sleep(OUTAGE)
     began = time.monotonic()
     await rig.start_server(server)
     recover = await rig.time_to_catch_up(began)
-    await rig.finish(f"{side} server stopped 10 s", recover_s=recover, notes=SERVER_DOWN_NOTES[side])
+    await rig.finish(f"{side} server stopped 10 s ({path} path)", recover_s=recover, notes=SERVER_DOWN_NOTES[side])
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", WRITE_PATHS)
 @pytest.mark.parametrize("side", ["source", "target"])
-async def test_link_cut_for_10s(rig: Rig, side: str) -> None:
+async def test_link_cut_for_10s(rig: Rig, side: str, path: str) -> None:
     """The proxy closes the replicator's connections and refuses new ones; 20 ms latency otherwise."""
     proxy = rig.source_proxy if side == "source" else rig.target_proxy
     for p in (rig.source_proxy, rig.target_proxy):
         p.set_delay(0.01)
-    await warm_up(rig)
+    await warm_up(rig, path)
     proxy.cut()
     await asyncio.sleep(OUTAGE)
     proxy.restore()
     recover = await rig.time_to_catch_up(time.monotonic())
-    await rig.finish(f"{side} link cut 10 s (20 ms RTT)", recover_s=recover)
+    await rig.finish(f"{side} link cut 10 s (20 ms RTT; {path} path)", recover_s=recover)
 
 
 @pytest.mark.timeout(150)
-async def test_half_open_links_detected_by_pings(rig: Rig) -> None:
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_half_open_links_detected_by_pings(rig: Rig, path: str) -> None:
     """Both links go silent without closing: only pings (every 5 s, 3 unanswered) can tell. The
     replicator must notice on its own well before the link comes back, not wait it out forever."""
-    await warm_up(rig)
+    await warm_up(rig, path)
     start = log_size(rig.log)
     rig.source_proxy.half_open()
     rig.target_proxy.half_open()
@@ -194,7 +210,7 @@ async def test_half_open_links_detected_by_pings(rig: Rig) -> None:
     assert None not in seen, f"half-open links not detected in 45 s: {seen}\n{rig.log_tail()}"
     assert detected < 30, f"detection took {detected:.1f}s"
     recover = await rig.time_to_catch_up(restored)
-    await rig.finish("half-open links, both sides", recover_s=recover,
+    await rig.finish(f"half-open links, both sides ({path} path)", recover_s=recover,
                      notes=f"detected by pings after {detected:.0f} s")
 
 
@@ -281,12 +297,14 @@ async def _leaders(ports: list[int], workers: list[str]) -> list[float | None]:
 
 
 @pytest.mark.timeout(150)
-async def test_leader_election_leader_killed_under_load(rig: Rig, city2: LocalNatsServer) -> None:
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_leader_election_leader_killed_under_load(rig: Rig, city2: LocalNatsServer, path: str) -> None:
     """Ordered hot standby: two processes, one copies. Killing the leader under load hands over to
     the standby within the election TTL, with nothing lost, duplicated or reordered, while a second
     city's replicator writes into the same target."""
     await rig.add_city(city2)
     await rig.stream()
+    await rig.target_for(path)
     rig.write_config(leader_election=True, leader_election_ttl="3s", monitor=None)
     rig.spawn(instance="city2", city=True)
     ports = [free_port(), free_port()]
@@ -308,7 +326,8 @@ async def test_leader_election_leader_killed_under_load(rig: Rig, city2: LocalNa
     leader = procs[leaders.index(1.0)]
     rig.kill(leader)
     recover = await rig.time_to_catch_up(time.monotonic(), within=60)
-    await rig.finish("leader election: leader killed under load (2 sources -> 1 target)", recover_s=recover,
+    await rig.finish(f"leader election: leader killed under load (2 sources -> 1 target; {path} path)",
+                     recover_s=recover,
                      notes="ttl 3 s; recover: from the kill")
 
 

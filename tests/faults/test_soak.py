@@ -1,4 +1,4 @@
-"""Soak: two minutes of continuous publishing with a random fault every few seconds.
+"""Soak: a minute per write path of continuous publishing with a random fault every few seconds.
 
 The faults are drawn from the kinds the single scenarios exercise one at a time (kill -9 of the
 worker, link cuts, server restarts, SIGTERM or SIGKILL), so they overlap with recoveries still
@@ -17,25 +17,29 @@ import time
 
 import pytest
 
+from tests.copier.helpers import WRITE_PATHS
 from tests.faults.rig import STREAM, Rig
-from tests.support.faults import wait_count
+from tests.support.faults import wait_count, wait_metric
 
-SOAK_SECONDS = float(os.environ.get("SR_SOAK_SECONDS", "120"))
+SOAK_SECONDS = float(os.environ.get("SR_SOAK_SECONDS", "60"))  # per write path
 KINDS = ("kill -9 worker", "cut source link", "cut target link", "restart source", "restart target")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(SOAK_SECONDS + 150)
-async def test_soak_random_faults_under_load(rig: Rig) -> None:
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_soak_random_faults_under_load(rig: Rig, path: str) -> None:
     seed = int(os.environ.get("SR_SOAK_SEED", str(random.randrange(1_000_000))))
     rng = random.Random(seed)
     for proxy in (rig.source_proxy, rig.target_proxy):
         proxy.set_delay(0.002)
     await rig.stream()
+    await rig.target_for(path)
     rig.write_config()
     proc = rig.spawn()
     rig.publish(rate=300)
     assert await wait_count(rig.target_nc, STREAM, 100, 30) is not None, rig.log_tail()
+    assert await wait_metric(rig.monitor, "stream_replicator_write_path", 1.0, 10, path=path), rig.log_tail()
     began = time.monotonic()
     end = began + SOAK_SECONDS
     counts: collections.Counter[str] = collections.Counter()
@@ -72,7 +76,7 @@ async def test_soak_random_faults_under_load(rig: Rig) -> None:
     mix = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
     median = statistics.median(recoveries) if recoveries else float("nan")
     await rig.finish(
-        f"soak {SOAK_SECONDS:.0f} s, random faults", recover_s=max(recoveries) if recoveries else None,
+        f"soak {SOAK_SECONDS:.0f} s, random faults ({path} path)", recover_s=max(recoveries) if recoveries else None,
         faults=sum(counts.values()),
         notes=f"seed {seed}; {mix}; recover: worst of {len(recoveries)} (median {median:.1f} s)",
     )
