@@ -207,7 +207,8 @@ class OrderedCopier:
                 self.avg_size = 0.8 * self.avg_size + 0.2 * (received_bytes / admitted)
                 self.ep.metrics.received_msgs.inc(admitted)
                 self.ep.metrics.received_bytes.inc(received_bytes)
-                self._flush_counts()
+                flush_counts(self.ep, self.lag)
+                self.lag = None
             await self._pump()
             await self._drain()
             wait = await self.writer.tick(idle=not self.unsent and not puller.buffer, caught_up=self.caught_up)
@@ -259,13 +260,6 @@ class OrderedCopier:
         if not self.chain_open and window[0] is entry:
             await self._send_alone(entry)
         return True
-
-    def _flush_counts(self) -> None:
-        flush_counts(self.ep, self.lag)
-        self.lag = None
-
-    def _first_copy(self) -> Entry | None:
-        return self.window[0] if self.window else None
 
     async def _pump(self) -> None:
         """Publish the unsent tail of the window, chained, in order: into a fast-ingest batch when
@@ -410,7 +404,7 @@ class OrderedCopier:
         if head.future is not None and not head.future.done() and now - head.sent_at > PUBLISH_TIMEOUT:
             await self._recover(head, PublishError("publish timed out"))
         elif not self.chain_open:
-            first = self._first_copy()
+            first = self.window[0] if self.window else None
             if first is not None and first.future is None and first.batch is None:
                 await self._send_alone(first)
 
@@ -461,7 +455,7 @@ class OrderedCopier:
             m.current_sequence.set(self.committed)
         if kind is not Failure.CHAIN and not path:  # another writer in between: re-send at once
             await self.stopper.sleep(self.backoff.next())
-        first = self._first_copy()
+        first = self.window[0] if self.window else None
         if first is not None and not self.stopper.stopping:
             await self._send_alone(first)
 
@@ -578,7 +572,7 @@ class OrderedCopier:
         await self._drain()  # skips admitted last are acked here even with an empty window
         while self.window and time.monotonic() < deadline:
             if not self.chain_open:
-                first = self._first_copy()
+                first = self.window[0] if self.window else None
                 if first is not None and first.future is None and first.batch is None:
                     await self._send_alone(first)
             await self._pump()
