@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 
 MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024
+SIZE_GUESS = 16 * 1024  # payload bytes assumed until messages arrive: a first request sized for small
+# messages would, with large ones, overrun what the source server buffers for a client (64 MB)
 
 
 @dataclass
@@ -100,7 +102,7 @@ class OrderedCopier:
         self.backoff = Backoff()
         self.blocked_since: float | None = None
         self.stuck = StuckWatch(self.ep, self.ep.profile.durable_name)
-        self.avg_size = 1024.0  # payload bytes per message, learned as messages arrive
+        self.avg_size = 0.0  # payload bytes per message, learned as messages arrive (0: none yet)
         # Consumer (delivery) sequence of the last message delivered: deliveries count up by one, so
         # a jump means messages were lost in transit (a cut link) and must be fetched again.
         self.last_cseq = 0
@@ -187,9 +189,9 @@ class OrderedCopier:
             # on long links; but keep the bytes in flight well inside the client's outbound buffer,
             # or large messages stall on forced flushes.
             room = 2 * self.max_in_flight - len(self.window)
-            held = (len(self.window) + len(puller.buffer) + puller.requested) * self.avg_size
-            if room > 0 and held < MAX_BYTES_IN_FLIGHT:
-                await puller.request(min(room, max(puller.batch, int(MAX_BYTES_IN_FLIGHT / self.avg_size))))
+            size = self.avg_size or SIZE_GUESS
+            if room > 0 and (len(self.window) + len(puller.buffer) + puller.requested) * size < MAX_BYTES_IN_FLIGHT:
+                await puller.request(min(room, max(puller.batch, int(MAX_BYTES_IN_FLIGHT / size))))
             await wait_wake(self.wake, wait)
             if puller.last_status is not None:
                 status, text = puller.last_status
@@ -204,7 +206,8 @@ class OrderedCopier:
                     admitted += 1
                     received_bytes += len(msg.data)
             if admitted:
-                self.avg_size = 0.8 * self.avg_size + 0.2 * (received_bytes / admitted)
+                seen = received_bytes / admitted
+                self.avg_size = 0.8 * self.avg_size + 0.2 * seen if self.avg_size else seen
                 self.ep.metrics.received_msgs.inc(admitted)
                 self.ep.metrics.received_bytes.inc(received_bytes)
                 flush_counts(self.ep, self.lag)
@@ -304,7 +307,7 @@ class OrderedCopier:
 
     def _capacity(self) -> int:
         """Messages the window holds at most, by count and by bytes."""
-        return max(1, min(self.max_in_flight, int(MAX_BYTES_IN_FLIGHT / self.avg_size)))
+        return max(1, min(self.max_in_flight, int(MAX_BYTES_IN_FLIGHT / (self.avg_size or SIZE_GUESS))))
 
     async def _publish(self, entry: Entry, predecessor: bytes | None) -> asyncio.Future[bytes]:
         copy = entry.copy

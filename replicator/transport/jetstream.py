@@ -133,7 +133,13 @@ class Puller:
 
     @property
     def requested(self) -> int:
+        """Messages asked for and not yet arrived; requests past their deadline are dropped here,
+        not only when asking for more: a reconnect can lose requests whose count would otherwise
+        hold off every further request."""
         self._count_arrivals()
+        now = time.monotonic()
+        for rid in [rid for rid, r in self._outstanding.items() if r[1] < now]:
+            del self._outstanding[rid]  # expired without a status reply (e.g. lost in a reconnect)
         return int(sum(r[0] for r in self._outstanding.values()))
 
     def _count_arrivals(self) -> None:
@@ -155,9 +161,6 @@ class Puller:
         """Ask for more so that buffered + requested covers `room` (in whole batches, and only once
         at least a quarter of a batch is missing)."""
         now = time.monotonic()
-        self._count_arrivals()
-        for rid in [rid for rid, r in self._outstanding.items() if r[1] < now]:
-            del self._outstanding[rid]  # expired without a status reply (e.g. lost in a reconnect)
         want = room - len(self.buffer) - self.requested
         if want < min(self.batch, room) // 4:
             return  # not for a few: a request per freed slot piles up waiting requests on the server
