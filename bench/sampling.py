@@ -71,8 +71,8 @@ async def timed_run(source: LocalNatsServer, src: Client, total: int, name: str,
 
 
 async def one_case(label: str, slug: str, senders: int, repeats: int, rounds: int,
-                   work: Path) -> tuple[str, int, float, float, float]:
-    """(label, messages, unsampled msgs/s, sampled msgs/s, median ratio): the stream is published
+                   work: Path) -> tuple[str, int, float, float, list[float]]:
+    """(label, messages, unsampled msgs/s, sampled msgs/s, each pair's ratio): the stream is published
     once and consumed by `rounds` alternating pairs of runs, so machine noise hits both sides."""
     source = LocalNatsServer(name="source", store_dir=work / f"s-{slug}").start()
     try:
@@ -84,12 +84,12 @@ async def one_case(label: str, slug: str, senders: int, repeats: int, rounds: in
             sampled.append(total / await timed_run(source, src, total, f"{slug}-sampled-{r}", True, work))
         await src.close()
         ratios = [s / p for s, p in zip(sampled, plain, strict=True)]
-        return label, total, statistics.median(plain), statistics.median(sampled), statistics.median(ratios)
+        return label, total, statistics.median(plain), statistics.median(sampled), ratios
     finally:
         source.close()
 
 
-async def run(senders: int, worst: int, rounds: int) -> list[tuple[str, int, float, float, float]]:
+async def run(senders: int, worst: int, rounds: int) -> list[tuple[str, int, float, float, list[float]]]:
     with tempfile.TemporaryDirectory(prefix="sr-bench-sampling-") as tmp:
         work = Path(tmp)
         return [
@@ -107,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = asyncio.run(run(args.senders, args.worst, args.rounds))
     print(f"Sampling: source messages consumed per second, unsampled vs sampled, the same copier on the same "
           f"stream (median of {args.rounds} alternating pairs)")
-    print(table(("case", "messages", "unsampled msgs/s", "sampled msgs/s", "x unsampled"),
-                [(label, f"{n:,}", f"{p:,.0f}", f"{s:,.0f}", f"{ratio:.2f}") for label, n, p, s, ratio in rows]))
+    print(table(("case", "messages", "unsampled msgs/s", "sampled msgs/s", "x unsampled", "pairs (range)"),
+                [(label, f"{n:,}", f"{p:,.0f}", f"{s:,.0f}", f"{statistics.median(r):.2f}",
+                  f"{min(r):.2f}-{max(r):.2f}") for label, n, p, s, r in rows]))
     return 0
 
 
