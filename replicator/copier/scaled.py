@@ -280,12 +280,12 @@ async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:
 
 
 async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str, handed_over: int) -> int:
-    """The durable's last delivered stream sequence once it exists."""
+    """How far the durable is past (its ack floor when kept, its delivery point when created)."""
     try:
         info = await ep.source_js.consumer_info(ep.source_stream, name)
         floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
         if floor >= handed_over:
-            return max(floor, info.delivered.stream_seq or 0) if info.delivered else floor
+            return floor
         # Left from before another engine copied up to `resume_after`: it would copy that again.
         log.info("%s replaces consumer %s (ack floor %d, copied elsewhere up to %d)",
                  ep.worker, name, floor, handed_over)
