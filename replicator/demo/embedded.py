@@ -41,7 +41,12 @@ from replicator.demo.tree import (
 from replicator.observe.metrics import Metrics
 from replicator.service.runner import Replicator
 
-DEFAULT_REPORT = Path(tempfile.gettempdir()) / "stream-replicator-demo" / "fleet-health.html"
+REPORT_NAME = Path("stream-replicator-demo") / "fleet-health.html"
+
+
+def default_report() -> Path:
+    """Resolved when the demo runs, not at import: images run with no writable temporary directory."""
+    return Path(tempfile.gettempdir()) / REPORT_NAME
 EVENTS = ("new", "timeout", "recover", "expire")
 
 
@@ -52,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--age", type=float, default=10.0, help="sampling age: a node goes upward at most once per age")
     parser.add_argument("--fleet-every", type=float, default=15.0,
                         help="seconds between fleet-health runs while the fleet publishes (default 15)")
-    parser.add_argument("--report", type=Path, default=DEFAULT_REPORT, help="where the HTML report goes (%(default)s)")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="where the HTML report goes (default: the temporary directory's stream-replicator-demo/)")
     parser.add_argument("--no-fleet-health", action="store_true", help="skip the Spark fleet-health job and report")
     parser.add_argument("--verbose", action="store_true", help="also print Spark's start-up messages and warnings")
 
@@ -145,7 +151,8 @@ async def run_demo(args: argparse.Namespace, workdir: Path) -> int:
         await _wind_down(replicators, tasks, ncs, sum(e.published for e in emulators))
         await _summary(ncs, emulators, args)
         if fleet_health is not None:
-            await asyncio.to_thread(_fleet_health_end, fleet_health, workdir / "fleet-health", args.report)
+            report = args.report or default_report()
+            await asyncio.to_thread(_fleet_health_end, fleet_health, workdir / "fleet-health", report)
         return 0
     finally:
         for replicator in replicators.values():

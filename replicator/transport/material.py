@@ -176,8 +176,19 @@ _SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKey
 
 
 def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
-    """`load_cert_chain` reads only files: the exact bytes that were checked go to a private
-    directory that lives for this call."""
+    """`load_cert_chain` reads only files: the exact bytes that were checked go to anonymous
+    in-memory files (Linux), so the key never touches a disk and a read-only root needs no /tmp;
+    elsewhere to a private directory that lives for this call."""
+    if hasattr(os, "memfd_create"):
+        fds = [os.memfd_create(name, os.MFD_CLOEXEC) for name in ("tls.crt", "tls.key")]
+        try:
+            for fd, content in zip(fds, (cert, key), strict=True):
+                os.write(fd, content)
+            ctx.load_cert_chain(*(f"/proc/self/fd/{fd}" for fd in fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
     with tempfile.TemporaryDirectory(prefix="sr-tls-") as tmp:
         os.chmod(tmp, 0o700)
         paths = []
