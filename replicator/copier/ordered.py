@@ -16,11 +16,12 @@ acknowledgement rule stay the same.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from replicator.copier import durable
 from replicator.copier.batching import BATCH_WINDOW, BatchWriter, State, state
@@ -45,6 +46,7 @@ from replicator.copier.position import (
     resume_point,
 )
 from replicator.copier.provenance import stream_identity
+from replicator.copier.shutdown import finish
 from replicator.copier.transform import MessageTransform
 from replicator.copier.window import Entry, any_unsure, batch_failure, landed, reset, settled
 from replicator.observe.metrics import observe_many
@@ -68,8 +70,15 @@ log = logging.getLogger(__name__)
 
 
 MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024
+ADMIT_CHUNK = 1000  # messages taken per turn of the loop: sends start (and acks come in) while the
+# rest of a full buffer is admitted, instead of after a whole window's worth of CPU
 SIZE_GUESS = 16 * 1024  # payload bytes assumed until messages arrive: a first request sized for small
 # messages would, with large ones, overrun what the source server buffers for a client (64 MB)
+
+
+async def _then(step: Awaitable[object], result: bool) -> bool:
+    await step
+    return result
 
 
 @dataclass
@@ -170,7 +179,7 @@ class OrderedCopier:
             await self.puller.start()
             ep.ready(True)
             await self._loop()
-            await self._finish()
+            await finish(self)
         finally:
             ep.ready(False)
             if self.puller:
@@ -200,9 +209,10 @@ class OrderedCopier:
                     continue  # rebound: what was buffered is gone
             admitted = received_bytes = 0
             limit = self.max_in_flight
-            while puller.buffer and len(self.window) < limit and self.gap is None:
+            while puller.buffer and len(self.window) < limit and self.gap is None and admitted < ADMIT_CHUNK:
                 msg = puller.buffer.popleft()
-                if await self._admit(msg):
+                admit = self._admit(msg)
+                if admit is True or (admit is not False and await admit):
                     admitted += 1
                     received_bytes += len(msg.data)
             if admitted:
@@ -212,9 +222,11 @@ class OrderedCopier:
                 self.ep.metrics.received_bytes.inc(received_bytes)
                 flush_counts(self.ep, self.lag)
                 self.lag = None
-            await self._pump()
-            await self._drain()
+            await self.pump()
+            await self.drain()
             wait = await self.writer.tick(idle=not self.unsent and not puller.buffer, caught_up=self.caught_up)
+            if admitted == ADMIT_CHUNK:
+                wait = 0.0  # more is ready: only let the acknowledgements in before the next chunk
             if self.gap is not None:
                 first, last = self.gap
                 log.warning("%s deliveries %d..%d of consumer %s were lost in transit: fetching them again",
@@ -226,9 +238,10 @@ class OrderedCopier:
                 idle_checks = now
                 await self._check_stalled(now)
 
-    async def _admit(self, msg: RawMsg) -> bool:
-        """Put a delivered message in the window (and on its way to the target); False if a redelivery."""
-        ep = self.ep
+    def _admit(self, msg: RawMsg) -> bool | Coroutine[Any, Any, bool]:
+        """Put a delivered message in the window (and on its way to the target); False if a
+        redelivery. Synchronous for the commonest deliveries (a copy, a skip: no coroutine per
+        message at fleet rates); what has to wait comes back as a coroutine to await."""
         tokens = ack_tokens(msg.reply)
         cseq = int(tokens[ACK_CONSUMER_SEQ])
         if cseq <= self.last_cseq:
@@ -242,13 +255,17 @@ class OrderedCopier:
         window = self.window
         if seq <= self.committed or (window and seq <= window[-1].last_seq):
             if seq <= self.committed and tokens[ACK_DELIVERED] != "1":
-                await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
+                return _then(ack(self.ep.source_nc, msg.reply, self.ep.metrics.acks_failed.inc), False)
             return False  # a redelivery of something done or already in the window
         self.lag = tokens[ACK_PENDING]
         self.caught_up = self.lag == "0"
         copy = self.verdict(msg, tokens)
         if isinstance(copy, Pending):
-            copy = await settle(ep, copy)
+            return self._admit_settled(msg, tokens, seq, copy)
+        return self._place(msg, tokens, seq, copy)
+
+    def _place(self, msg: RawMsg, tokens: list[str], seq: int, copy: bool) -> bool | Coroutine[Any, Any, bool]:
+        window = self.window
         if not copy:
             if window:  # done when the copy ahead of it is
                 tail = window[-1]
@@ -261,10 +278,15 @@ class OrderedCopier:
         window.append(entry)
         self.unsent.append(entry)
         if not self.chain_open and window[0] is entry:
-            await self._send_alone(entry)
+            return _then(self._send_alone(entry), True)
         return True
 
-    async def _pump(self) -> None:
+    async def _admit_settled(self, msg: RawMsg, tokens: list[str], seq: int, pending: Pending) -> bool:
+        """A sampling decision the shared store settles (KV: races between processes)."""
+        placed = self._place(msg, tokens, seq, await settle(self.ep, pending))
+        return placed if isinstance(placed, bool) else await placed
+
+    async def pump(self) -> None:
         """Publish the unsent tail of the window, chained, in order: into a fast-ingest batch when
         the writer takes it (one is open, or the backlog is worth one), else one by one."""
         unsent, writer = self.unsent, self.writer
@@ -330,9 +352,9 @@ class OrderedCopier:
             self.unsent.popleft()
         self.last_id = entry.copy.msg_id
         self.chain_open = True
-        await self._pump()  # anything admitted behind it while we waited can now go, chained
+        await self.pump()  # anything admitted behind it while we waited can now go, chained
 
-    async def _drain(self) -> None:
+    async def drain(self) -> None:
         """Retire the completed prefix of the window in order, then ack the source once (AckAll)."""
         ep = self.ep
         m = ep.metrics
@@ -407,9 +429,13 @@ class OrderedCopier:
         if head.future is not None and not head.future.done() and now - head.sent_at > PUBLISH_TIMEOUT:
             await self._recover(head, PublishError("publish timed out"))
         elif not self.chain_open:
-            first = self.window[0] if self.window else None
-            if first is not None and first.future is None and first.batch is None:
-                await self._send_alone(first)
+            await self.restart_chain()
+
+    async def restart_chain(self) -> None:
+        """The head goes alone (unchained) when nothing of the window is on its way."""
+        first = self.window[0] if self.window else None
+        if first is not None and first.future is None and first.batch is None:
+            await self._send_alone(first)
 
     async def _recover(self, head: Entry, err: PublishError) -> None:
         """The head failed: settle the window, learn what landed, and republish the rest in order.
@@ -565,35 +591,3 @@ class OrderedCopier:
         except Exception as err:
             log.warning("%s cannot recreate consumer: %s", ep.worker, err)
             await self.stopper.sleep(self.backoff.next())
-
-    async def _finish(self) -> None:
-        """On stop: finish and ack what is in flight (bounded), then leave the durable exactly at the
-        copy position, so the next start needs no search of the target."""
-        deadline = time.monotonic() + PUBLISH_TIMEOUT * 2
-        if self.puller is not None:
-            self.puller.buffer.clear()
-        await self._drain()  # skips admitted last are acked here even with an empty window
-        while self.window and time.monotonic() < deadline:
-            if not self.chain_open:
-                first = self.window[0] if self.window else None
-                if first is not None and first.future is None and first.batch is None:
-                    await self._send_alone(first)
-            await self._pump()
-            await self.writer.commit_now()  # its PubAck confirms the batch's tail
-            pending = [e.future for e in self.window if e.future is not None and not e.future.done()]
-            batch = self.writer.batch
-            in_batch = batch is not None and not batch.ended and batch.unconfirmed > 0
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
-            elif in_batch:
-                await wait_wake(self.wake, 0.2)
-                await self.writer.tick(idle=True)  # a silent batch fails (and is recovered) here
-            before = len(self.window)
-            await self._drain()
-            if len(self.window) == before and not pending and not in_batch:
-                break
-        with contextlib.suppress(Exception):
-            await self.ep.source_nc.flush(timeout=2)
-        if not self.window and self.committed:
-            with contextlib.suppress(Exception):
-                await durable.park(self.ep, self.committed, self.max_in_flight, self.writer.path)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
+from orjson import loads as orjson_loads
 
 from replicator.config.model import TopicConfig
 
@@ -120,7 +121,10 @@ def identifier(settings: TopicConfig) -> Identify:
         return functools.partial(_identify, settings)
 
     def top_level(subject: str, headers: Mapping[str, str] | None, payload: bytes) -> tuple[str | None, bool]:
-        doc = _parse(payload)
+        try:
+            doc = orjson_loads(payload)  # `_parse`, inlined: this runs for every message
+        except (ValueError, RecursionError):
+            return None, False
         if type(doc) is not dict:
             return None, False
         value = doc.get(field)

@@ -23,7 +23,15 @@ from nats.errors import MaxPayloadError
 from nats.js import api
 
 from replicator.transport.header_block import encode, status
-from replicator.transport.wire import RawMsg, hpub, send_frames, send_hpub, subscribe_raw, unsubscribe_raw
+from replicator.transport.wire import (
+    RawMsg,
+    hpub,
+    send_frames,
+    send_hpub,
+    subscribe_raw,
+    subscribe_raw_batches,
+    unsubscribe_raw,
+)
 
 
 class _DirectQueue:
@@ -124,7 +132,7 @@ class Puller:
 
     async def start(self) -> None:
         self._inbox = self.nc.new_inbox()
-        self._sub = await subscribe_raw(self.nc, self._inbox + ".*", self._on_msg)
+        self._sub = await subscribe_raw_batches(self.nc, self._inbox + ".*", self._on_msgs)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -185,25 +193,30 @@ class Puller:
         self.last_status = None
         await self.start()
 
-    def _on_msg(self, subject: str, reply: str, hdr: bytes | None, data: bytes) -> None:
-        if not reply and hdr is not None:
-            st = status(hdr)
-            if st is not None:
-                code, text = st
-                if code == 100:  # idle heartbeat
-                    return
-                # 404 no messages, 408 expired, 409 consumer deleted/leadership change/max waiting:
-                # request over. Status replies come on the request's own reply subject, so they
-                # settle exactly that request.
-                self._count_arrivals()  # its own deliveries arrived before its status
-                self._outstanding.pop(subject.rsplit(".", 1)[-1], None)
-                if code not in (404, 408):
-                    self.last_status = (code, text)
-                self.wake.set()
-                return
+    def _on_msgs(self, msgs: list[RawMsg]) -> None:
+        first = msgs[0]
+        if not first.reply:  # alone in its list (`subscribe_raw_batches`)
+            self._on_status(first)
+            return
         # Messages carry their original subject, not the request's: see `_count_arrivals`.
-        self._arrived += 1
-        self.buffer.append(RawMsg(subject, reply, hdr, data))
+        self._arrived += len(msgs)
+        self.buffer.extend(msgs)
+        self.wake.set()
+
+    def _on_status(self, msg: RawMsg) -> None:
+        st = status(msg.hdr) if msg.hdr is not None else None
+        if st is None:
+            return  # no status and no ack subject: nothing a pull consumer delivers
+        code, text = st
+        if code == 100:  # idle heartbeat
+            return
+        # 404 no messages, 408 expired, 409 consumer deleted/leadership change/max waiting:
+        # request over. Status replies come on the request's own reply subject, so they
+        # settle exactly that request.
+        self._count_arrivals()  # its own deliveries arrived before its status
+        self._outstanding.pop(msg.subject.rsplit(".", 1)[-1], None)
+        if code not in (404, 408):
+            self.last_status = (code, text)
         self.wake.set()
 
 

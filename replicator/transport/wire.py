@@ -11,6 +11,8 @@ spaces around values. Here:
   own `_process_msg` exactly as before. PING, PONG, INFO and -ERR go to nats-py's handlers, so
   the connection itself (reconnects, TLS, auth, pings, server discovery) stays nats-py's. nats-py
   resets the parser on reconnect; registrations survive it (it keeps subscription ids).
+  `subscribe_raw_batches` hands over a read's messages as one list of `RawMsg` (a pull
+  consumer's deliveries: one call, not one per message).
 - `send_hpub` writes an HPUB frame from a header block built elsewhere as bytes.
 """
 
@@ -30,6 +32,7 @@ from replicator.transport.header_block import HeaderView, view
 log = logging.getLogger(__name__)
 
 RawHandler = Callable[[str, str, "bytes | None", bytes], None]  # subject, reply, header block, payload
+BatchHandler = Callable[[list["RawMsg"]], None]  # the messages of one read, in order
 
 _LARGE = 256 * 1024  # a message still incomplete by more than this is gathered in chunks
 
@@ -59,6 +62,7 @@ class RawParser(Parser):
 
     def __init__(self, nc: Client, previous: Parser | None = None) -> None:
         self._by_sid: dict[bytes, RawHandler] = {}  # as the wire writes subscription ids
+        self._batched: dict[bytes, BatchHandler] = {}
         self._subjects: dict[bytes, str] = {}
         super().__init__(nc)
         self._previous = previous  # its unparsed bytes are taken over at the first `parse`
@@ -69,6 +73,14 @@ class RawParser(Parser):
             self._by_sid.pop(str(sid).encode(), None)
         else:
             self._by_sid[str(sid).encode()] = handler
+
+    def register_batches(self, sid: int, handler: BatchHandler | None) -> None:
+        """Messages of subscription `sid` go to `handler`, a list per read; a message without a
+        reply subject (a status reply) comes in a list of its own, after those before it."""
+        if handler is None:
+            self._batched.pop(str(sid).encode(), None)
+        else:
+            self._batched[str(sid).encode()] = handler
 
     def reset(self) -> None:
         super().reset()
@@ -108,6 +120,8 @@ class RawParser(Parser):
         pos = 0
         size = len(buf)
         handlers = self._by_sid
+        batched = self._batched
+        batches: dict[bytes, tuple[BatchHandler, list[RawMsg]]] = {}
         subjects = self._subjects
         nc = self.nc
         count = payload_bytes = 0
@@ -149,7 +163,8 @@ class RawParser(Parser):
             payload = buf[start + hlen:stop]
             pos = stop + 2
             handler = handlers.get(sid_b)
-            if handler is None:
+            batch_handler = batched.get(sid_b) if handler is None else None
+            if handler is None and batch_handler is None:
                 await nc._process_msg(int(sid_b), subject_b, reply, payload, hdr)  # type: ignore[arg-type]
                 continue
             count += 1
@@ -160,10 +175,25 @@ class RawParser(Parser):
                 if len(subjects) >= 4096:  # a copy's subjects repeat, an inbox's do not: start over
                     subjects.clear()
                 subjects[subject_b] = subject
-            try:
-                handler(subject, reply.decode(), hdr, payload)
-            except Exception:  # never let a handler's bug kill the connection's read loop
-                log.exception("handler for subscription %s failed", sid_b)
+            if batch_handler is None:
+                try:
+                    handler(subject, reply.decode(), hdr, payload)  # type: ignore[misc]
+                except Exception:  # never let a handler's bug kill the connection's read loop
+                    log.exception("handler for subscription %s failed", sid_b)
+                continue
+            msg = RawMsg(subject, reply.decode(), hdr, payload)
+            pending = batches.get(sid_b)
+            if reply:
+                if pending is None:
+                    batches[sid_b] = (batch_handler, [msg])
+                else:
+                    pending[1].append(msg)
+                continue
+            if pending is not None:
+                _deliver(*batches.pop(sid_b), sid_b)
+            _deliver(batch_handler, [msg], sid_b)
+        for sid_b, (batch_handler, msgs) in batches.items():
+            _deliver(batch_handler, msgs, sid_b)
         if count:
             stats = nc.stats
             stats["in_msgs"] += count
@@ -188,6 +218,13 @@ class RawParser(Parser):
             raise ProtocolError("nats: unknown protocol")
 
 
+def _deliver(handler: BatchHandler, msgs: list[RawMsg], sid: bytes) -> None:
+    try:
+        handler(msgs)
+    except Exception:  # never let a handler's bug kill the connection's read loop
+        log.exception("handler for subscription %s failed", sid)
+
+
 def install(nc: Client) -> RawParser:
     """The connection's `RawParser`, put in place of nats-py's on first use."""
     parser = nc._ps
@@ -206,10 +243,19 @@ async def subscribe_raw(nc: Client, subject: str, handler: RawHandler) -> Subscr
     return sub
 
 
+async def subscribe_raw_batches(nc: Client, subject: str, handler: BatchHandler) -> Subscription:
+    """A subscription whose messages go straight to `handler`, a list per read (see `RawParser`)."""
+    parser = install(nc)
+    sub = await nc.subscribe(subject, pending_msgs_limit=0, pending_bytes_limit=0)
+    parser.register_batches(sub._id, handler)
+    return sub
+
+
 async def unsubscribe_raw(nc: Client, sub: Subscription) -> None:
     parser = nc._ps
     if isinstance(parser, RawParser):
         parser.register(sub._id, None)
+        parser.register_batches(sub._id, None)
     try:
         await sub.unsubscribe()
     except Exception:  # closed or reconnecting: nothing more will arrive for it

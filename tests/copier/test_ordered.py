@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import urllib.request
 
 import pytest
 
@@ -163,3 +164,24 @@ async def test_resume_after_skips_what_another_engine_copied(mode, source_server
         assert await wait_for_count(target_nc, "FLEET", 60) == 60
         await asyncio.sleep(0.5)
     assert sorted(indices(await read_all(target_nc, "FLEET"))) == [*range(30), *range(70, 100)]
+
+
+async def test_a_large_message_backlog_never_overruns_the_source(source_server, target_server, source_nc, target_nc):
+    """16 KB messages, a backlog (80 MB) larger than what the source server buffers for one client
+    (64 MB): copied whole, once and in order, and the server never cut the copier off as a slow
+    consumer (the pulls are sized by bytes, the first one for large messages)."""
+    count = 5_000
+    await make_stream(source_nc)
+    await make_target(target_nc, "batch")
+    await publish_many(source_nc, count, size=16 * 1024)
+    profile = profile_for(topic_config(source_server.url, target_server.url))
+    async with InProcess(profile):
+        assert await wait_for_count(target_nc, "FLEET", count, timeout=120.0) == count
+    varz = await asyncio.to_thread(_varz, source_server.monitor_port)
+    assert varz["slow_consumers"] == 0
+    assert source_seqs(await read_all(target_nc, "FLEET")) == list(range(1, count + 1))
+
+
+def _varz(port: int) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=10) as reply:
+        return json.loads(reply.read())

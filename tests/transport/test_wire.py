@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 from nats.protocol.parser import Parser
 
 from replicator.demo.local_nats import LocalNatsServer
-from replicator.transport.wire import RawParser, install, send_hpub, subscribe_raw
+from replicator.transport.wire import RawMsg, RawParser, install, send_hpub, subscribe_raw, subscribe_raw_batches
 
 Raw = tuple[str, str, "bytes | None", bytes]
 
@@ -92,3 +92,25 @@ async def test_raw_subscriptions_survive_a_reconnect(target_server: LocalNatsSer
         assert got == [("raw.x", "", None, b"after")]
     finally:
         await nc.close()
+
+
+@pytest.mark.timeout(30)
+async def test_batched_subscription_gets_a_list_per_read(target_nc: Client) -> None:
+    """A pull consumer's way: a read's messages in one list, in order; a message without a reply
+    subject (a status reply) comes in a list of its own, after those before it."""
+    lists: list[list[RawMsg]] = []
+    await subscribe_raw_batches(target_nc, "many.>", lists.append)
+    for i in range(2_000):
+        reply = "" if i == 1_000 else f"ack.{i}"
+        await send_hpub(target_nc, f"many.{i}", reply, None, b"%d" % i)
+    got: list[RawMsg] = []
+    for _ in range(500):
+        got = [m for batch in lists for m in batch]
+        if len(got) == 2_000:
+            break
+        await asyncio.sleep(0.02)
+    assert [m.data for m in got] == [b"%d" % i for i in range(2_000)]
+    assert [m.subject for m in got][:2] == ["many.0", "many.1"] and got[5].reply == "ack.5"
+    alone = [batch for batch in lists if any(not m.reply for m in batch)]
+    assert len(alone) == 1 and len(alone[0]) == 1 and alone[0][0].data == b"1000"
+    assert len(lists) < 2_000 / 2  # whole reads, not a call per message
