@@ -122,6 +122,14 @@ class Env:
         (self.tmp / name).mkdir(parents=True, exist_ok=True)
         return Cluster(self.tmp / name, self.server_ca, [self.admin_ca, self.client_ca], **kw)
 
+    def started(self, source: dict[str, Any] | None = None,
+                target: dict[str, Any] | None = None) -> tuple[Cluster, Cluster]:
+        """The source and target servers, running (keyword arguments of `cluster` for each)."""
+        pair = self.cluster("source", **(source or {})), self.cluster("target", **(target or {}))
+        for cluster in pair:
+            cluster.start(self.factory)
+        return pair
+
     def admin_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cadata=bundle(self.server_ca, self.new_server_ca).decode())
         with tempfile.TemporaryDirectory() as tmp:
@@ -236,10 +244,7 @@ async def test_leaf_renewed_under_the_same_ca_then_the_old_one_refused(tmp_path:
     env = Env(tmp_path, nats_server)
     old = env.client_ca.issue("sr", client=True)
     new = env.client_ca.issue("sr", client=True, days=14)
-    source = env.cluster("source")
-    target = env.cluster("target", pinned=[spki_sha256(env.admin.cert), spki_sha256(old.cert)])
-    source.start(nats_server)
-    target.start(nats_server)
+    source, target = env.started(target={"pinned": [spki_sha256(env.admin.cert), spki_sha256(old.cert)]})
     volume = env.volume("target-tls", old)
     settings = settings_for(source, target, source_tls=tls(env.files("source-tls", old)),
                             target_tls=volume_tls(volume))
@@ -263,9 +268,7 @@ async def test_client_ca_rotated(tmp_path: Path, nats_server: ServerFactory) -> 
     and the advisory election: the worker, control, KV and election connections all come back."""
     env = Env(tmp_path, nats_server)
     old = env.client_ca.issue("sr", client=True)
-    source, target = env.cluster("source"), env.cluster("target")
-    source.start(nats_server)
-    target.start(nats_server)
+    source, target = env.started()
     files = env.files("source-tls", old)
     settings = settings_for(source, target, source_tls=tls(files), target_tls=tls(env.files("target-tls", old)),
                             workers=2, queued=True, inspect="id", age="1h", limiter_state="kv",
@@ -288,9 +291,7 @@ async def test_server_ca_bundle_rotated_with_overlap(tmp_path: Path, nats_server
     again. Target side, ordered mode, kubelet `..data` swaps."""
     env = Env(tmp_path, nats_server)
     leaf = env.client_ca.issue("sr", client=True)
-    source, target = env.cluster("source"), env.cluster("target")
-    source.start(nats_server)
-    target.start(nats_server)
+    source, target = env.started()
     volume = env.volume("target-tls", leaf)
     settings = settings_for(source, target, source_tls=tls(env.files("source-tls", leaf)),
                             target_tls=volume_tls(volume))
@@ -317,10 +318,7 @@ async def test_creds_rotated_and_the_old_user_revoked(tmp_path: Path, nats_serve
     leaf = env.client_ca.issue("sr", client=True)
     auth = Decentralised.create()
     (tmp_path / "jwt").mkdir()
-    source = env.cluster("source", extra=auth.server_config(tmp_path / "jwt"))
-    target = env.cluster("target")
-    source.start(nats_server)
-    target.start(nats_server)
+    source, target = env.started(source={"extra": auth.server_config(tmp_path / "jwt")})
     creds = auth.write_creds(tmp_path / "source.creds")
     admin = Key.create("user")
     settings = settings_for(source, target, source_tls=tls(env.files("source-tls", leaf)),
@@ -347,9 +345,7 @@ async def test_half_written_file_keeps_the_last_good_material(tmp_path: Path, na
     server accepts only the new CA, the reconnect presents it. Source side, ordered mode."""
     env = Env(tmp_path, nats_server)
     old = env.client_ca.issue("sr", client=True)
-    source, target = env.cluster("source"), env.cluster("target")
-    source.start(nats_server)
-    target.start(nats_server)
+    source, target = env.started()
     files = env.files("source-tls", old)
     settings = settings_for(source, target, source_tls=tls(files), target_tls=tls(env.files("target-tls", old)))
     new = env.new_client_ca.issue("sr", client=True)
