@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import Callable
 
+import nats.aio.client
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError, ProtocolError
@@ -35,6 +36,7 @@ RawHandler = Callable[[str, str, "bytes | None", bytes], None]  # subject, reply
 BatchHandler = Callable[[list["RawMsg"]], None]  # the messages of one read, in order
 
 _LARGE = 256 * 1024  # a message still incomplete by more than this is gathered in chunks
+READ_SIZE = 1024 * 1024  # bytes a connection's read loop takes from its socket buffer per turn
 
 
 class RawMsg:
@@ -225,6 +227,15 @@ def _deliver(handler: BatchHandler, msgs: list[RawMsg], sid: bytes) -> None:
         log.exception("handler for subscription %s failed", sid)
 
 
+def widen_reads() -> None:
+    """nats-py's read loop hands its parser at most 32 KB per turn and stops reading the socket at
+    64 KB buffered (`DEFAULT_BUFFER_SIZE`, read at every connect and every read): at copy rates
+    that is a turn, a parse call and a re-joined partial message per two 16 KB messages. Every
+    connection of the process takes up to `READ_SIZE` per turn instead."""
+    if nats.aio.client.DEFAULT_BUFFER_SIZE < READ_SIZE:
+        nats.aio.client.DEFAULT_BUFFER_SIZE = READ_SIZE
+
+
 def install(nc: Client) -> RawParser:
     """The connection's `RawParser`, put in place of nats-py's on first use."""
     parser = nc._ps
@@ -280,15 +291,15 @@ def hpub(subject: str, reply: str, hdr: bytes | None, data: bytes, max_payload: 
     return b"PUB %s %d\r\n%s\r\n" % (to, len(data), data)
 
 
-async def send_frames(nc: Client, frames: list[bytes], payload_bytes: int) -> None:
-    """Frames built by `hpub`, written as one command. The connection-state checks are nats-py's
-    own, so buffering during a reconnect behaves exactly as with `publish`."""
+async def send_frames(nc: Client, frames: list[bytes], payload_bytes: int, messages: int = 0) -> None:
+    """Frames built by `hpub` (or `messages` of them already joined), written as one command. The
+    connection-state checks are nats-py's own, so buffering during a reconnect behaves exactly as with `publish`."""
     if nc.is_closed:
         raise ConnectionClosedError
     if not nc.is_connected and (nc._max_pending_size <= 0 or
                                 payload_bytes + nc._pending_data_size > nc._max_pending_size):
         raise OutboundBufferLimitError
-    nc.stats["out_msgs"] += len(frames)
+    nc.stats["out_msgs"] += messages or len(frames)
     nc.stats["out_bytes"] += payload_bytes
     await nc._send_command(frames[0] if len(frames) == 1 else b"".join(frames))
     if nc._flush_queue is not None and nc._flush_queue.empty():
