@@ -90,6 +90,24 @@ def replicator_process(workdir: Path, label: str, topic: dict[str, Any]) -> Iter
         proc.wait(30)
 
 
+@contextlib.contextmanager
+def proxy_process(upstream_port: int, delay: float) -> Iterator[str]:
+    """A latency proxy in front of a server, in a process of its own (`tests/support/tcp_proxy.py`):
+    in the benchmark's own process it would share the interpreter (and its collector's pauses)
+    with the measuring, and a case run after others would pay for their garbage. Yields its URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.tcp_proxy", "--upstream", str(upstream_port),
+                             "--delay", str(delay)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().decode().strip()
+        if not url:
+            raise RuntimeError("the latency proxy did not start")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 async def connect(url: str) -> Client:
     return await nats.connect(url, max_reconnect_attempts=-1)
 

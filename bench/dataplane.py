@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -15,9 +17,8 @@ from pathlib import Path
 
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
-from bench.common import connect, cpu_seconds, preload, replicator_process, table, time_fill
+from bench.common import connect, cpu_seconds, preload, proxy_process, replicator_process, table, time_fill
 from replicator.demo.local_nats import LocalNatsServer
-from tests.support.tcp_proxy import TcpProxy
 
 
 @dataclass
@@ -56,36 +57,42 @@ async def native_mirror(size: int, count: int, workdir: Path) -> Result:
     finally:
         leaf.close()
         hub.close()
+        discard(workdir)
 
 
 async def copier(name: str, size: int, count: int, workdir: Path, *, workers: int = 1, delay: float = 0.0) -> Result:
     source = LocalNatsServer(name="source", store_dir=workdir / f"src-{name}").start()
     target = LocalNatsServer(name="target", store_dir=workdir / f"dst-{name}").start()
-    proxies: list[TcpProxy] = []
     try:
         src = await connect(source.url)
         dst = await connect(target.url)
         await preload(src, "FLEET", "fleet", count, size)
-        source_url, target_url = source.url, target.url
-        if delay:
-            proxies = [await TcpProxy(source.port, delay).start(), await TcpProxy(target.port, delay).start()]
-            source_url, target_url = proxies[0].url, proxies[1].url
-        topic: dict[str, object] = {"topic": "fleet.>", "source_url": source_url, "target_url": target_url,
-                                    "name": "bench"}
-        if workers > 1:
-            topic["workers"] = workers
-        with replicator_process(workdir, "copier", topic) as proc:
-            began = [0.0]
-            seconds = await time_fill(dst, "FLEET", count, lambda: began.__setitem__(0, cpu_seconds(proc.pid)))
-            cpu = cpu_seconds(proc.pid) - began[0]
+        with contextlib.ExitStack() as links:
+            source_url, target_url = source.url, target.url
+            if delay:
+                source_url = links.enter_context(proxy_process(source.port, delay))
+                target_url = links.enter_context(proxy_process(target.port, delay))
+            topic: dict[str, object] = {"topic": "fleet.>", "source_url": source_url, "target_url": target_url,
+                                        "name": "bench"}
+            if workers > 1:
+                topic["workers"] = workers
+            with replicator_process(workdir, "copier", topic) as proc:
+                began = [0.0]
+                seconds = await time_fill(dst, "FLEET", count, lambda: began.__setitem__(0, cpu_seconds(proc.pid)))
+                cpu = cpu_seconds(proc.pid) - began[0]
         await src.close()
         await dst.close()
         return Result(name, size, count, seconds, cpu)
     finally:
-        for proxy in proxies:
-            await proxy.stop()
         source.close()
         target.close()
+        discard(workdir)
+
+
+def discard(workdir: Path) -> None:
+    """A finished case's stores go at once: hundreds of MB of dirty pages written back to disk
+    while a later case runs would be charged to that case."""
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 CASES = ("ordered", "scaled", "rtt", "large")

@@ -2,13 +2,18 @@
 
 Modes: pass-through with optional one-way `delay`; `cut()` closes every connection and refuses
 new ones until `restore()`; `half_open()` keeps sockets open but silently stops forwarding, the
-failure that only heartbeats detect (new connections are accepted and go nowhere too).
+failure that only heartbeats detect (new connections are accepted and go nowhere too). As a
+process of its own: `python -m tests.support.tcp_proxy --upstream PORT --delay S` (prints its URL
+once listening).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -78,7 +83,9 @@ class TcpProxy:
             return
         try:
             up_r, up_w = await asyncio.open_connection(self.host, self.upstream_port)
-        except OSError:
+        except (OSError, asyncio.CancelledError):
+            # Cancelled: the loop is ending mid-connect. Ending quietly, because Python 3.11's
+            # stream server logs a cancelled handler's "exception" with a traceback.
             client_w.transport.abort()
             return
         self._conns.update((client_w, up_w))
@@ -169,3 +176,30 @@ class ThreadedProxy:
         asyncio.run_coroutine_threadsafe(self.proxy.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+async def _serve(upstream_port: int, delay: float, port: int) -> None:
+    proxy = await TcpProxy(upstream_port, delay, port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    print(proxy.url, flush=True)
+    await stop.wait()
+    await proxy.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The proxy as a process of its own (`python -m tests.support.tcp_proxy`): the benchmarks'
+    latency must not share an interpreter, and its pauses, with the process that measures."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--upstream", type=int, required=True, help="port of the server on 127.0.0.1")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds added in each direction")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
+    args = parser.parse_args(argv)
+    asyncio.run(_serve(args.upstream, args.delay, args.port or free_port()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
