@@ -16,7 +16,7 @@ from replicator.cli.common import check_heartbeat_files, start_logging
 from replicator.config.errors import ConfigError
 from replicator.config.files import load_config
 from replicator.config.model import Profile
-from replicator.service.process import ReplicatorProcess
+from replicator.service.process import ReplicatorProcess, tune_collector
 
 log = logging.getLogger("stream_replicator")
 
@@ -65,6 +65,7 @@ async def run(args: argparse.Namespace) -> int:
         process.install_signals()
         log.info("replicating %d stream(s)%s: %s", len(profiles),
                  " and heartbeats" if config.heartbeats else "", ", ".join(p.profile for p in profiles) or "-")
+        tune_collector()
         await process.run()
     log.info("stopped cleanly")
     return 0

@@ -8,7 +8,7 @@ import os
 
 from replicator.cli.common import start_logging
 from replicator.config.files import load_profile
-from replicator.service.process import ReplicatorProcess
+from replicator.service.process import ReplicatorProcess, tune_collector
 
 log = logging.getLogger("stream_replicator")
 
@@ -31,6 +31,7 @@ async def run(args: argparse.Namespace) -> int:
     process.install_signals()
     mode = "ordered" if profile.settings.ordered else f"scaled ({profile.settings.workers} workers)"
     log.info("replicating %s (%s) as %s", profile.settings.topic, mode, profile.base_name)
+    tune_collector()
     await process.run()
     log.info("stopped cleanly")
     return 0
