@@ -90,4 +90,7 @@ async def test_sigterm_while_stream_set_up_retries_with_the_servers_gone(
     assert code == 0, output[-3000:]
     assert took < 5, f"{took:.1f}s to stop while setting up streams"
     assert "Traceback" not in output and "Task exception" not in output, output[-3000:]
+    # A reconnect attempt may fail (and say so) in the instant between measuring the log and the
+    # signal's arrival: the servers are gone and the client retries every second.
+    after = [line for line in after if not ("WARNING" in line and " connection " in line and " error: " in line)]
     assert len(after) == 1 and "stopped" in after[0], after
