@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -260,7 +261,13 @@ class ScaledWorker:
 
 # One creation of a group's durable at a time in a process: workers that delete and create it
 # together can get it back from the server with the old delivery state (durable.FRESH_ATTEMPTS).
-_GROUP_LOCKS: dict[str, asyncio.Lock] = {}
+# Per event loop: a lock that once waited belongs to its loop, and fails in any other.
+_GROUP_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _group_lock(key: str) -> asyncio.Lock:
+    return _GROUP_LOCKS.setdefault(asyncio.get_running_loop(), {}).setdefault(key, asyncio.Lock())
 
 
 async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:
@@ -269,7 +276,7 @@ async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:
     behind it anyway (another pod replacing it at the same moment) is replaced again."""
     name = ep.profile.group_name
     handed_over = ep.profile.settings.resume_after or 0
-    async with _GROUP_LOCKS.setdefault(f"{ep.source_stream}/{name}", asyncio.Lock()):
+    async with _group_lock(f"{ep.source_stream}/{name}"):
         for _ in range(FRESH_ATTEMPTS):
             delivered = await _ensure_group_consumer(ep, max_in_flight, name, handed_over)
             if delivered >= handed_over:
