@@ -269,13 +269,13 @@ class Publisher:
         `on_result` with its key. The tokens, for `drop`."""
         assert self.on_result is not None
         prefix, limit = self._prefix, self.nc._max_payload
-        frames: list[bytes] = []
+        parts: list[bytes] = []
         tokens: list[str] = []
-        size = 0
+        size = sent = 0
         for (subject, hdr, payload), key in zip(messages, keys, strict=True):
             token = str(next(self._ids))
             try:
-                frames.append(hpub(subject, f"{prefix}.{token}", hdr, payload, limit))
+                parts += hpub(subject, f"{prefix}.{token}", hdr, payload, limit)
             except MaxPayloadError as err:
                 self.on_result(key, b"", PublishError(f"publish failed: {type(err).__name__}: {err}"))
                 tokens.append("")
@@ -283,9 +283,10 @@ class Publisher:
             self._futures[token] = key
             tokens.append(token)
             size += len(payload)
-        if frames:
+            sent += 1
+        if parts:
             try:
-                await send_frames(self.nc, frames, size)
+                await send_frames(self.nc, parts, size, sent)
             except Exception as err:
                 for token in tokens:
                     key = self._futures.pop(token, None) if token else None
@@ -348,7 +349,7 @@ async def ack_many(nc: Client, replies: list[str], on_error: Callable[[], None])
     if not replies:
         return
     try:
-        await send_frames(nc, [b"PUB %s 4\r\n+ACK\r\n" % r.encode() for r in replies], 4 * len(replies))
+        await send_frames(nc, [b"PUB %s 4\r\n+ACK\r\n" % r.encode() for r in replies], 4 * len(replies), len(replies))
     except Exception:
         for _ in replies:
             on_error()

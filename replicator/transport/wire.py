@@ -275,32 +275,34 @@ async def unsubscribe_raw(nc: Client, sub: Subscription) -> None:
 
 async def send_hpub(nc: Client, subject: str, reply: str, hdr: bytes | None, data: bytes) -> None:
     """`nc.publish` for a header block already encoded (`header_block`), in one frame."""
-    await send_frames(nc, [hpub(subject, reply, hdr, data, nc._max_payload)], len(data))
+    await send_frames(nc, list(hpub(subject, reply, hdr, data, nc._max_payload)), len(data), 1)
 
 
-def hpub(subject: str, reply: str, hdr: bytes | None, data: bytes, max_payload: int = 0) -> bytes:
-    """One PUB or HPUB frame. Over `max_payload` (headers + payload; 0: not checked) raises: the
-    server would take it for a protocol violation and close the connection for good (nats-py does
-    not reconnect after an -ERR)."""
+def hpub(subject: str, reply: str, hdr: bytes | None, data: bytes, max_payload: int = 0) -> tuple[bytes, ...]:
+    """One PUB or HPUB frame, in parts: `send_frames` joins a write's parts once (a joined frame per
+    message, then a join of the frames, would copy every payload twice). Over `max_payload` (headers
+    + payload; 0: not checked) raises: the server would take it for a protocol violation and close
+    the connection for good (nats-py does not reconnect after an -ERR)."""
     hlen = len(hdr) if hdr else 0
     if max_payload and hlen + len(data) > max_payload:
         raise MaxPayloadError
     to = f"{subject} {reply}".encode() if reply else subject.encode()
     if hdr:
-        return b"HPUB %s %d %d\r\n%s%s\r\n" % (to, hlen, hlen + len(data), hdr, data)
-    return b"PUB %s %d\r\n%s\r\n" % (to, len(data), data)
+        return b"HPUB %s %d %d\r\n" % (to, hlen, hlen + len(data)), hdr, data, b"\r\n"
+    return b"PUB %s %d\r\n" % (to, len(data)), data, b"\r\n"
 
 
-async def send_frames(nc: Client, frames: list[bytes], payload_bytes: int, messages: int = 0) -> None:
-    """Frames built by `hpub` (or `messages` of them already joined), written as one command. The
-    connection-state checks are nats-py's own, so buffering during a reconnect behaves exactly as with `publish`."""
+async def send_frames(nc: Client, parts: list[bytes], payload_bytes: int, messages: int) -> None:
+    """The parts of `messages` frames (`hpub`), joined once and written as one command. The
+    connection-state checks are nats-py's own, so buffering during a reconnect behaves exactly as
+    with `publish`."""
     if nc.is_closed:
         raise ConnectionClosedError
     if not nc.is_connected and (nc._max_pending_size <= 0 or
                                 payload_bytes + nc._pending_data_size > nc._max_pending_size):
         raise OutboundBufferLimitError
-    nc.stats["out_msgs"] += messages or len(frames)
+    nc.stats["out_msgs"] += messages
     nc.stats["out_bytes"] += payload_bytes
-    await nc._send_command(frames[0] if len(frames) == 1 else b"".join(frames))
+    await nc._send_command(parts[0] if len(parts) == 1 else b"".join(parts))
     if nc._flush_queue is not None and nc._flush_queue.empty():
         await nc._flush_pending()
