@@ -85,7 +85,11 @@ async def test_fleet_summary_becomes_gauges_per_resource_and_site(
         want = expected((11, 2, 3), first)
         assert ("site_availability_ratio", (("site", "edge/west 1"),)) not in want
         await wait_for(lambda: shows(want), within=10)
-        status = (api.get(naming.STREAM_REPLICATION, NS, NAME) or {})["status"]["fleet"]
+
+        async def fleet_status() -> dict[str, Any] | None:  # the gauges can be set before the status patch lands
+            return ((api.get(naming.STREAM_REPLICATION, NS, NAME) or {}).get("status") or {}).get("fleet")
+
+        status = await wait_for(fleet_status, within=10)
         assert (status["nodes"], status["healthy"], status["availability"]) == (16, 11, round(11 / 13, 6))
 
         # The next run: a site left the fleet, another changed; its series follow.
