@@ -48,7 +48,7 @@ def lookup(doc: Any, path: str) -> Any:
     return node
 
 
-def _scalar_key(value: Any) -> str | None:
+def scalar_key(value: Any) -> str | None:
     """Only scalars identify a sender; objects, lists, null and "" do not."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -92,7 +92,7 @@ def _identify(
     key: str | None = None
     if settings.inspect:
         if isinstance(doc, dict):
-            key = _scalar_key(lookup(doc, settings.inspect))
+            key = scalar_key(lookup(doc, settings.inspect))
     elif settings.inspect_header:
         key = _header(headers, settings.inspect_header)
     elif settings.inspect_subject_token == -1:  # the whole subject, as the Go tool's -1
@@ -113,11 +113,19 @@ def _identify(
 Identify = Callable[[str, Mapping[str, str] | None, bytes], tuple[str | None, bool]]
 
 
-def identifier(settings: TopicConfig) -> Identify:
-    """`_identify` bound to the topic, specialised for the commonest setting (a top-level JSON
-    field, no update flag): it runs for every message."""
+def top_level_field(settings: TopicConfig) -> str | None:
+    """The key's field when it is a top-level JSON field and nothing else of a message is read (no
+    update flag): the commonest setting, which the hot paths special-case."""
     field = settings.inspect
     if not field or "." in field or settings.update_flag:
+        return None
+    return field
+
+
+def identifier(settings: TopicConfig) -> Identify:
+    """`_identify` bound to the topic, specialised for a top-level field: it runs for every message."""
+    field = top_level_field(settings)
+    if field is None:
         return functools.partial(_identify, settings)
 
     def top_level(subject: str, headers: Mapping[str, str] | None, payload: bytes) -> tuple[str | None, bool]:
@@ -130,7 +138,7 @@ def identifier(settings: TopicConfig) -> Identify:
         value = doc.get(field)
         if type(value) is str:
             return value or None, False
-        return _scalar_key(value), False
+        return scalar_key(value), False
 
     return top_level
 

@@ -165,3 +165,39 @@ async def test_every_key_kind_samples_end_to_end(clock: FakeClock) -> None:
             limiter.clock.advance(1)  # type: ignore[attr-defined]
         assert sorted(store.keys()) == ["a", "b", "c"], name
         assert value(limiter.metrics.limiter_errors) == 0, name
+
+
+async def test_the_fused_check_decides_exactly_as_the_general_one(clock: FakeClock) -> None:
+    """The commonest setting (a top-level field, memory store) runs a fused check: every kind of
+    message through it and through `check_general`, with the same clock, gets the same decision,
+    the same counts and the same table (new, skipped, due, forgotten and keyless senders, keys
+    that are numbers, empty or missing, bodies that are not JSON, a sender timed out by the
+    advisor)."""
+    fused, fused_store = limiter_for(clock, age=10.0)
+    general, general_store = limiter_for(clock, age=10.0)
+    assert fused.check != fused.check_general  # the fused path is in use for this setting
+    general.check = general.check_general
+    rng = random.Random(11)
+    keys: list[object] = [f"node-{n}" for n in range(40)] + [7, 2.5, True, "", None, {"a": 1}]
+    for step in range(3000):
+        roll = rng.random()
+        if roll < 0.02:
+            payload = b"\x00not json"
+        elif roll < 0.04:
+            payload = json.dumps({"other": 1}).encode()
+        else:
+            payload = json.dumps({"sender": rng.choice(keys), "pad": "x" * rng.randrange(50)}).encode()
+        if step == 1500:  # the advisor timed one out: its next message must reach the listeners' path
+            for store in (fused_store, general_store):
+                i = store.table.slot("node-3")
+                if i is not None:
+                    store.table.adv[i] = clock.now
+        decisions = [limiter.check("acme.cmdb", None, payload) for limiter in (fused, general)]
+        assert decisions[0] == decisions[1], (step, payload)
+        clock.advance(rng.choice((0.0, 0.01, 0.5, 3.0, 11.0)) if rng.random() < 0.05 else 0.01)
+    for limiter in (fused, general):
+        limiter.flush()
+    for name in ("limiter_passed", "limiter_skipped", "limiter_skipped_bytes", "limiter_errors"):
+        assert value(getattr(fused.metrics, name)) == value(getattr(general.metrics, name)), name
+    assert value(fused.metrics.limiter_skipped) > 1000  # the fused skip path did the work
+    assert fused_store.table.snapshot() == general_store.table.snapshot()

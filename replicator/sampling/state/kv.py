@@ -59,6 +59,7 @@ class KVStore(MemoryStore):
 
     kind = "kv"
     local = False
+    skips_from_table = False  # claims in progress and seen refreshes: every skip goes through `live_slot`, `touch`
 
     def __init__(
         self,

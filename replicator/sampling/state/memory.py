@@ -26,6 +26,7 @@ class MemoryStore:
 
     kind = "memory"
     local = True
+    skips_from_table = True  # a live sender's skip reads and updates `table` alone (`Limiter`'s fused check)
 
     def __init__(
         self,

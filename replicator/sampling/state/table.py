@@ -79,18 +79,20 @@ class SenderTable:
 
     def add(self, key: str, now: float, size: int) -> int:
         """A new sender first seen and copied `now`: `put` without building a Sender (hot path)."""
-        if key in self.index or self._free:
+        index = self.index
+        if self._free or key in index:
             return self.put(key, Sender(first=now, seen=now, copied=now, size=size))
         i = len(self.first)
         self.first.append(now)
         self.seen.append(now)
         self.copied.append(now)
         self.adv.append(0.0)
-        self.size.append(size32(size))
+        self.size.append(size if 0 <= size <= 0xFFFFFFFF else size32(size))
         self.flags.append(0)
-        for col in self._extra:
-            col.append(0)
-        self.index[key] = i
+        if self._extra:
+            for col in self._extra:
+                col.append(0)
+        index[key] = i
         return i
 
     def remove(self, key: str) -> bool:
