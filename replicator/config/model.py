@@ -145,7 +145,7 @@ class TopicConfig(Strict):
     target_tls: TLSConfig | None = None
     disable_source_tls: bool = False
     disable_target_tls: bool = False
-    batch: int = Field(default=500, ge=1, le=10000)
+    batch: int | None = Field(default=None, ge=1, le=10000)  # None: sized by message size (`Puller.size_for`)
     max_in_flight: int = Field(default=2000, ge=1, le=100000)
 
     @field_validator("topic")

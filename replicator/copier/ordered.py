@@ -218,6 +218,7 @@ class OrderedCopier:
             if admitted:
                 seen = received_bytes / admitted
                 self.avg_size = 0.8 * self.avg_size + 0.2 * seen if self.avg_size else seen
+                puller.size_for(self.avg_size)
                 self.ep.metrics.received_msgs.inc(admitted)
                 self.ep.metrics.received_bytes.inc(received_bytes)
                 flush_counts(self.ep, self.lag)

@@ -152,6 +152,7 @@ class ScaledWorker:
                     for item, token in zip(items, await self.publisher.publish_many(out, items), strict=True):
                         item.token = token
                 if received:
+                    puller.size_for(received_bytes / received)
                     ep.metrics.received_msgs.inc(received)
                     ep.metrics.received_bytes.inc(received_bytes)
                     self._flush_counts()
