@@ -222,6 +222,8 @@ class OrderedCopier:
                 self.ep.metrics.received_msgs.inc(admitted)
                 self.ep.metrics.received_bytes.inc(received_bytes)
                 flush_counts(self.ep, self.lag)
+                if self.lag is not None:
+                    self.caught_up = self.lag == "0"
                 self.lag = None
             await self.pump()
             await self.drain()
@@ -243,39 +245,35 @@ class OrderedCopier:
         """Put a delivered message in the window (and on its way to the target); False if a
         redelivery. Synchronous for the commonest deliveries (a copy, a skip: no coroutine per
         message at fleet rates); what has to wait comes back as a coroutine to await."""
-        tokens = ack_tokens(msg.reply)
+        reply = msg.reply
+        tokens = ack_tokens(reply)
         cseq = int(tokens[ACK_CONSUMER_SEQ])
-        if cseq <= self.last_cseq:
-            return False  # delivered before, or by a consumer we have since replaced
-        if cseq != self.last_cseq + 1:
-            # A delivery never arrived; admitting this one would let AckAll acknowledge the lost one.
-            self.gap = (self.last_cseq + 1, cseq - 1)
-            return False
+        last_cseq = self.last_cseq
+        if cseq != last_cseq + 1:
+            if cseq > last_cseq:
+                # A delivery never arrived; admitting this one would let AckAll acknowledge the lost one.
+                self.gap = (last_cseq + 1, cseq - 1)
+            return False  # else delivered before, or by a consumer we have since replaced
         self.last_cseq = cseq
         seq = int(tokens[ACK_STREAM_SEQ])
         window = self.window
         if seq <= self.committed or (window and seq <= window[-1].last_seq):
             if seq <= self.committed and tokens[ACK_DELIVERED] != "1":
-                return _then(ack(self.ep.source_nc, msg.reply, self.ep.metrics.acks_failed.inc), False)
+                return _then(ack(self.ep.source_nc, reply, self.ep.metrics.acks_failed.inc), False)
             return False  # a redelivery of something done or already in the window
         self.lag = tokens[ACK_PENDING]
-        self.caught_up = self.lag == "0"
         copy = self.verdict(msg, tokens)
-        if isinstance(copy, Pending):
-            return self._admit_settled(msg, tokens, seq, copy)
-        return self._place(msg, tokens, seq, copy)
+        if copy is False:
+            return self._skip(seq, reply)
+        if copy is True:
+            return self._place(msg, tokens, seq)
+        return self._admit_settled(msg, tokens, seq, copy)
 
-    def _place(self, msg: RawMsg, tokens: list[str], seq: int, copy: bool) -> bool | Coroutine[Any, Any, bool]:
-        window = self.window
-        if not copy:
-            if window:  # done when the copy ahead of it is
-                tail = window[-1]
-                tail.skipped_seq, tail.skipped_reply = seq, msg.reply
-            else:
-                self.committed, self.ack_due = seq, msg.reply
-            return True
+    def _place(self, msg: RawMsg, tokens: list[str], seq: int) -> bool | Coroutine[Any, Any, bool]:
+        """A delivery to copy into the window."""
         ts = int(tokens[ACK_TIMESTAMP])
         entry = Entry(msg, seq, ts, time.monotonic(), self.transform.build(msg, seq, ts))
+        window = self.window
         window.append(entry)
         self.unsent.append(entry)
         if not self.chain_open and window[0] is entry:
@@ -284,8 +282,20 @@ class OrderedCopier:
 
     async def _admit_settled(self, msg: RawMsg, tokens: list[str], seq: int, pending: Pending) -> bool:
         """A sampling decision the shared store settles (KV: races between processes)."""
-        placed = self._place(msg, tokens, seq, await settle(self.ep, pending))
-        return placed if isinstance(placed, bool) else await placed
+        if await settle(self.ep, pending):
+            placed = self._place(msg, tokens, seq)
+            return placed if isinstance(placed, bool) else await placed
+        return self._skip(seq, msg.reply)
+
+    def _skip(self, seq: int, reply: str) -> bool:
+        """A delivery not copied (sampled out, too old): done when the copy ahead of it is."""
+        window = self.window
+        if window:
+            tail = window[-1]
+            tail.skipped_seq, tail.skipped_reply = seq, reply
+        else:
+            self.committed, self.ack_due = seq, reply
+        return True
 
     async def pump(self) -> None:
         """Publish the unsent tail of the window, chained, in order: into a fast-ingest batch when

@@ -127,6 +127,8 @@ class RawParser(Parser):
         subjects = self._subjects
         nc = self.nc
         count = payload_bytes = 0
+        run_sid: bytes | None = None  # the batched subscription of the message before, and its list
+        run: list[RawMsg] = []
         while pos < size:
             end = buf.find(b"\r\n", pos)
             if end < 0:
@@ -164,6 +166,11 @@ class RawParser(Parser):
             hdr = buf[start:start + hlen] if hlen else None
             payload = buf[start + hlen:stop]
             pos = stop + 2
+            if sid_b == run_sid and reply:  # the commonest: one more delivery for the list in hand
+                count += 1
+                payload_bytes += stop - start - hlen
+                run.append(RawMsg(subjects.get(subject_b) or self._subject(subject_b), reply.decode(), hdr, payload))
+                continue
             handler = handlers.get(sid_b)
             batch_handler = batched.get(sid_b) if handler is None else None
             if handler is None and batch_handler is None:
@@ -171,12 +178,7 @@ class RawParser(Parser):
                 continue
             count += 1
             payload_bytes += stop - start - hlen
-            subject = subjects.get(subject_b)
-            if subject is None:
-                subject = subject_b.decode()
-                if len(subjects) >= 4096:  # a copy's subjects repeat, an inbox's do not: start over
-                    subjects.clear()
-                subjects[subject_b] = subject
+            subject = subjects.get(subject_b) or self._subject(subject_b)
             if batch_handler is None:
                 try:
                     handler(subject, reply.decode(), hdr, payload)  # type: ignore[misc]
@@ -187,10 +189,12 @@ class RawParser(Parser):
             pending = batches.get(sid_b)
             if reply:
                 if pending is None:
-                    batches[sid_b] = (batch_handler, [msg])
+                    pending = batches[sid_b] = (batch_handler, [msg])
                 else:
                     pending[1].append(msg)
+                run_sid, run = sid_b, pending[1]
                 continue
+            run_sid = None
             if pending is not None:
                 _deliver(*batches.pop(sid_b), sid_b)
             _deliver(batch_handler, [msg], sid_b)
@@ -202,6 +206,14 @@ class RawParser(Parser):
             stats["in_bytes"] += payload_bytes
         if pos < size:
             self._pending = buf[pos:]
+
+    def _subject(self, subject_b: bytes) -> str:
+        """A subject decoded once: a copy's subjects repeat, an inbox's do not (then start over)."""
+        subjects = self._subjects
+        if len(subjects) >= 4096:
+            subjects.clear()
+        subject = subjects[subject_b] = subject_b.decode()
+        return subject
 
     async def _control(self, line: bytes) -> None:
         nc = self.nc
