@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 10.0
 STEP_DOWN = 0.75
+NOTIFY_TIMEOUT = 10.0  # seconds a stop waits for the on_change callbacks it set off
 
 ChangeCallback = Callable[[bool], Awaitable[None] | None]
 
@@ -144,9 +145,7 @@ class LeaderElection:
         its next campaign instead of after the TTL; `release=False` behaves like a crash."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await _cancelled(task)
         if self._leader and release:
             try:
                 await asyncio.wait_for(
@@ -159,8 +158,10 @@ class LeaderElection:
                 log.warning("could not release leadership of %s: %s", self.key, err)
         await self._set(False, "stopped")
         if self._notifier is not None:
-            with contextlib.suppress(BaseException):
-                await self._notifier
+            done, _ = await asyncio.wait([self._notifier], timeout=NOTIFY_TIMEOUT)
+            if not done:
+                log.warning("election %s: on_change callbacks still running after %.0f s: not waiting for them",
+                            self.key, NOTIFY_TIMEOUT)
 
     async def _ensure_bucket(self) -> None:
         info, existed = await find_or_create_bucket(self.js, self.bucket, ttl=self.ttl,
@@ -291,3 +292,14 @@ class LeaderElection:
                     await result
             except Exception:
                 log.exception("election %s: on_change callback failed", self.key)
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait until it ends. Python 3.11's `wait_for` can swallow a cancellation
+    that arrives as its operation completes, and the campaign loop would then run on forever (a
+    stop that never returned): cancelled again until it is done."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.5)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("election loop failed", exc_info=task.exception())

@@ -89,6 +89,33 @@ async def test_one_leader_and_a_released_lock_is_taken_over_at_once(source_serve
         assert time.monotonic() - started < TTL
 
 
+async def test_stop_returns_when_the_campaign_loop_swallows_a_cancellation(source_server: LocalNatsServer) -> None:
+    """Python 3.11's `wait_for` can lose a cancellation that arrives as its publish completes; the
+    campaign loop then runs on. A stop must still end it, and return."""
+    swallowed = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.set()  # as wait_for does when the operation completed in the same instant
+        await asyncio.sleep(3600)
+
+    async with candidates(source_server.url, 1) as (_, (election,)):
+        await election.start()
+        await election.wait_leader()
+        assert election._task is not None
+        election._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await election._task
+        election._task = asyncio.ensure_future(stubborn())
+        await asyncio.sleep(0)
+        stopping = asyncio.ensure_future(election.stop())
+        done, _ = await asyncio.wait([stopping], timeout=3)  # a stop that waits on the loop never returns
+        assert done, "stop is still waiting for the campaign loop"
+        assert swallowed.is_set() and not election.is_leader
+
+
 async def test_crashed_leader_is_replaced_within_two_ttls(source_server: LocalNatsServer) -> None:
     timeline = Timeline()
     async with candidates(source_server.url, 2, timeline=timeline) as (_, elections):
