@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Awaitable
 
 
 class Stopper:
@@ -45,3 +46,10 @@ class Backoff:
 
     def reset(self) -> None:
         self.delay = self.first
+
+
+async def then(step: Awaitable[object], result: bool) -> bool:
+    """`step`, then `result`: a decision that must wait for one step, as the awaitable a loop's
+    synchronous fast path hands back."""
+    await step
+    return result

@@ -19,13 +19,13 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from replicator.copier import durable
 from replicator.copier.batching import BATCH_WINDOW, BatchWriter, State, state
-from replicator.copier.control import Backoff, Stopper, wait_wake
+from replicator.copier.control import Backoff, Stopper, then, wait_wake
 from replicator.copier.endpoints import (
     POISON_ATTEMPTS,
     PUBLISH_TIMEOUT,
@@ -74,11 +74,6 @@ ADMIT_CHUNK = 1000  # messages taken per turn of the loop: sends start (and acks
 # rest of a full buffer is admitted, instead of after a whole window's worth of CPU
 SIZE_GUESS = 16 * 1024  # payload bytes assumed until messages arrive: a first request sized for small
 # messages would, with large ones, overrun what the source server buffers for a client (64 MB)
-
-
-async def _then(step: Awaitable[object], result: bool) -> bool:
-    await step
-    return result
 
 
 @dataclass
@@ -259,7 +254,7 @@ class OrderedCopier:
         window = self.window
         if seq <= self.committed or (window and seq <= window[-1].last_seq):
             if seq <= self.committed and tokens[ACK_DELIVERED] != "1":
-                return _then(ack(self.ep.source_nc, reply, self.ep.metrics.acks_failed.inc), False)
+                return then(ack(self.ep.source_nc, reply, self.ep.metrics.acks_failed.inc), False)
             return False  # a redelivery of something done or already in the window
         self.lag = tokens[ACK_PENDING]
         copy = self.verdict(msg, tokens)
@@ -270,14 +265,12 @@ class OrderedCopier:
         return self._admit_settled(msg, tokens, seq, copy)
 
     def _place(self, msg: RawMsg, tokens: list[str], seq: int) -> bool | Coroutine[Any, Any, bool]:
-        """A delivery to copy into the window."""
         ts = int(tokens[ACK_TIMESTAMP])
         entry = Entry(msg, seq, ts, time.monotonic(), self.transform.build(msg, seq, ts))
-        window = self.window
-        window.append(entry)
+        self.window.append(entry)
         self.unsent.append(entry)
-        if not self.chain_open and window[0] is entry:
-            return _then(self._send_alone(entry), True)
+        if not self.chain_open and self.window[0] is entry:
+            return then(self._send_alone(entry), True)
         return True
 
     async def _admit_settled(self, msg: RawMsg, tokens: list[str], seq: int, pending: Pending) -> bool:
@@ -289,10 +282,8 @@ class OrderedCopier:
 
     def _skip(self, seq: int, reply: str) -> bool:
         """A delivery not copied (sampled out, too old): done when the copy ahead of it is."""
-        window = self.window
-        if window:
-            tail = window[-1]
-            tail.skipped_seq, tail.skipped_reply = seq, reply
+        if self.window:
+            self.window[-1].skipped_seq, self.window[-1].skipped_reply = seq, reply
         else:
             self.committed, self.ack_due = seq, reply
         return True
