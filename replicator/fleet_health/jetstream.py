@@ -21,7 +21,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from replicator.fleet_health.connection import NatsConnection, connect
-from replicator.transport.jetstream import direct_subscribe
+from replicator.transport.jetstream import ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens, direct_subscribe
 
 # Pull-request statuses that end a `no_wait` request early: nothing more is stored after our position.
 _END_OF_DATA = frozenset({"404", "408"})
@@ -88,13 +88,12 @@ def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
 
 
 def parse_ack_reply(reply: str) -> tuple[int, int]:
-    """Stream sequence and timestamp (ns) from a delivery's reply subject, in the v1 or v2 (domain) form."""
-    tokens = reply.split(".")
-    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-        return int(tokens[5]), int(tokens[7])
-    if len(tokens) >= 11:  # $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>...
-        return int(tokens[7]), int(tokens[9])
-    raise JetStreamReadError(f"not a JetStream delivery: {reply!r}")
+    """Stream sequence and timestamp (ns) from a delivery's reply subject (`ack_tokens`: v1 or v2)."""
+    try:
+        tokens = ack_tokens(reply)
+    except ValueError:
+        raise JetStreamReadError(f"not a JetStream delivery: {reply!r}") from None
+    return int(tokens[ACK_STREAM_SEQ]), int(tokens[ACK_TIMESTAMP])
 
 
 class RangeReader:
