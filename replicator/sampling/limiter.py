@@ -126,11 +126,7 @@ class Limiter:
         if i is None:
             if not store.local:
                 return Pending(key, now, size, forced)
-            store.insert(key, now, size)
-            self.unflushed_passed += 1
-            if self.on_new is not None:
-                self._announce(key)
-            return True
+            return self._copy_new(key, now, size)
         t = store.table
         copied = t.copied[i]
         # `due` is false without a call for the commonest message: copied recently, no size trigger.
@@ -146,6 +142,15 @@ class Limiter:
         self.unflushed_skipped_bytes += size
         return False
 
+    def _copy_new(self, key: str, now: float, size: int) -> bool:
+        """A new sender (or a new life of a forgotten one) in a store private to this process:
+        recorded and copied."""
+        self.store.insert(key, now, size)
+        self.unflushed_passed += 1
+        if self.on_new is not None:
+            self._announce(key)
+        return True
+
     def _table_check(self) -> Check | None:
         """`check` fused for the commonest setting (a top-level JSON field, no size trigger, a store
         whose table alone decides): a skipped message at fleet rates costs one JSON parse,
@@ -160,7 +165,7 @@ class Limiter:
         table = store.table
         index_get, seen, copied, adv = table.index.get, table.seen, table.copied, table.adv
         age, surely_not_due, clock, check_key = self.age, self.surely_not_due, self.clock, self.check_key
-        insert = store.insert
+        copy_new = self._copy_new
 
         def check(subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending:
             try:
@@ -172,12 +177,8 @@ class Limiter:
                 return check_key(scalar_key(value), False, len(payload))
             i = index_get(value)
             now = clock()
-            if i is None:  # a new sender: copied
-                insert(value, now, len(payload))
-                self.unflushed_passed += 1
-                if self.on_new is not None:
-                    self._announce(value)
-                return True
+            if i is None:
+                return copy_new(value, now, len(payload))
             last = seen[i]
             if now - last < age and now - copied[i] < surely_not_due and not adv[i]:
                 if now > last:

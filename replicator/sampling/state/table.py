@@ -89,9 +89,8 @@ class SenderTable:
         self.adv.append(0.0)
         self.size.append(size if 0 <= size <= 0xFFFFFFFF else size32(size))
         self.flags.append(0)
-        if self._extra:
-            for col in self._extra:
-                col.append(0)
+        for col in self._extra:
+            col.append(0)
         index[key] = i
         return i
 
