@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -76,6 +75,7 @@ class ScaledWorker:
 
     ep: Endpoints
     stopper: Stopper = field(default_factory=Stopper)
+    creating: asyncio.Lock = field(default_factory=asyncio.Lock)  # shared by the process's workers
 
     def __post_init__(self) -> None:
         self.wake = asyncio.Event()
@@ -94,7 +94,7 @@ class ScaledWorker:
     async def _bind(self) -> None:
         """The group's durable, this source stream instance's writer id, the target's features."""
         ep = self.ep
-        await ensure_group_consumer(ep, self.max_in_flight)
+        await ensure_group_consumer(ep, self.max_in_flight, self.creating)
         self.transform.set_writer(stream_identity(await stream_created(ep.source_nc, ep.source_stream,
                                                                        ep.api_prefix)))
         await self._read_features()
@@ -260,24 +260,18 @@ class ScaledWorker:
         await self._settle()
 
 
-# One creation of a group's durable at a time in a process: workers that delete and create it
-# together can get it back from the server with the old delivery state (durable.FRESH_ATTEMPTS).
-# Per event loop: a lock that once waited belongs to its loop, and fails in any other.
-_GROUP_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _group_lock(key: str) -> asyncio.Lock:
-    return _GROUP_LOCKS.setdefault(asyncio.get_running_loop(), {}).setdefault(key, asyncio.Lock())
-
-
-async def ensure_group_consumer(ep: Endpoints, max_in_flight: int) -> None:
+async def ensure_group_consumer(ep: Endpoints, max_in_flight: int, creating: asyncio.Lock) -> None:
     """The shared durable: created once (first-start position), then just bound by every worker.
     After a hand-over (`resume_after`) a durable still behind it is replaced; one that comes back
-    behind it anyway (another pod replacing it at the same moment) is replaced again."""
+    behind it anyway (another pod replacing it at the same moment) is replaced again.
+
+    `creating` is held by one worker of the process at a time: workers that delete and create the
+    durable together can get it back from the server with the old delivery state
+    (`durable.FRESH_ATTEMPTS`). It belongs to the process's replicator, so it lives and dies with
+    that replicator's event loop."""
     name = ep.profile.group_name
     handed_over = ep.profile.settings.resume_after or 0
-    async with _group_lock(f"{ep.source_stream}/{name}"):
+    async with creating:
         for _ in range(FRESH_ATTEMPTS):
             delivered = await _ensure_group_consumer(ep, max_in_flight, name, handed_over)
             if delivered >= handed_over:

@@ -248,8 +248,10 @@ class Replicator:
             task.cancel()
 
     async def _run_scaled(self, metrics: list[WorkerMetrics], source_stream: str, target_stream: str) -> None:
+        creating = asyncio.Lock()  # the group's durable is created by one worker at a time
         self.loops = [
-            ScaledWorker(self._endpoints(w, m, source_stream, target_stream), stopper=self.stopper)
+            ScaledWorker(self._endpoints(w, m, source_stream, target_stream), stopper=self.stopper,
+                         creating=creating)
             for w, m in zip(self.workers, metrics, strict=True)
         ]
         await asyncio.gather(*(loop.run() for loop in self.loops))
