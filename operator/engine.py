@@ -68,6 +68,8 @@ def replicator_only(spec: ReplicationSpec, raw_spec: Mapping[str, Any] | None = 
         found.append("spec.fleetHealth (it aggregates the replicator's advisories)")
     if spec.max_age:
         found.append("spec.maxAge (a stream source cannot skip old messages)")
+    if spec.dead_letter:
+        found.append("spec.deadLetter (a stream source has no dead-letter subject)")
     if raw.get("heartbeats"):
         found.append("spec.heartbeats (the replicator publishes them)")
     if subject_mapping(spec) is None:

@@ -157,6 +157,7 @@ class ReplicationSpec:
     monitoring_port: int
     service_monitor: ServiceMonitorSpec
     engine: Engine = "auto"
+    dead_letter: str | None = None
 
     @property
     def ordered(self) -> bool:
@@ -345,4 +346,5 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
             labels=dict(sm.get("labels") or {}),
         ),
         engine=engine,
+        dead_letter=data.get("deadLetter"),
     )

@@ -68,6 +68,7 @@ def build_worker_config(
         "target_subject_prefix": spec.target.subject_prefix,
         "target_subject_remove": spec.target.subject_remove,
         "max_age": spec.max_age,
+        "dead_letter": spec.dead_letter,
     }
     topic.update({k: v for k, v in optional.items() if v is not None})
 

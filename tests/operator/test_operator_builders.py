@@ -143,6 +143,20 @@ def test_every_configmap_loads_in_the_worker(resource: dict[str, Any], tmp_path:
     assert all(name.startswith(f"{spec.name}_pod-abc_") for name in profile.worker_names())
 
 
+def test_dead_letter_reaches_the_worker(tmp_path: Path) -> None:
+    """`spec.deadLetter` becomes the worker's `dead_letter`, which the worker's own parser accepts;
+    without it the worker skips poison messages (no key at all)."""
+    assert "dead_letter" not in _topic(_children("cmdb-city1"))
+    children = _children("cmdb-city1", deadLetter="replication.poison")
+    assert _topic(children)["dead_letter"] == "replication.poison"
+    deployment = children.by_kind(naming.DEPLOYMENT)
+    assert deployment is not None
+    mounts = h.secret_mounts(deployment)
+    config = h.materialise(children.config_text, tmp_path, {name: SECRET_DATA for name in mounts.values()}, mounts)
+    parsed = parse_config(config, "configmap")
+    assert Profile(parsed, "cmdb-city1").settings.dead_letter == "replication.poison"
+
+
 def test_ordered_single_pod() -> None:
     children = _children("cmdb-city1")
     topic = _topic(children)

@@ -185,6 +185,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("queue group in ordered mode", _with("spec.queueGroup", "grp"), "mode: scaled only"),
     ("bad duration", _with("spec.maxAge", "5 minutes"), "does not match"),
     ("duration without unit", _with("spec.maxAge", "300"), "does not match"),
+    ("dead letter with a wildcard", _with("spec.deadLetter", "poison.>"), "does not match"),
+    ("dead letter with a space", _with("spec.deadLetter", "poison msgs"), "does not match"),
     ("two start positions", _with("spec.start", {"sequence": 5, "atEnd": True}), "valid under each"),
     ("empty start", _with("spec.start", {}), "not valid under any"),
     ("start time not RFC 3339", _with("spec.start", {"time": "2026-01-01 10:00"}), "date-time"),

@@ -48,6 +48,7 @@ def test_spec_reads_the_engine_and_how_the_target_reaches_the_source() -> None:
 @pytest.mark.parametrize("spec, message", [
     ({"engine": "native", "source": {}}, "engine native needs source.domain or source.apiPrefix"),
     ({"engine": "native", "maxAge": "1h"}, "engine native cannot sample"),
+    ({"engine": "native", "deadLetter": "poison"}, "engine native cannot sample"),
     ({"source": {"domain": "leaf", "apiPrefix": "JS.x.API"}}, "source takes domain or apiPrefix, not both"),
     ({"source": {"deliverPrefix": "d.x"}}, "source.deliverPrefix needs source.apiPrefix"),
     ({"engine": "sometimes"}, "engine"),
@@ -68,6 +69,7 @@ def test_the_crd_accepts_each_engine() -> None:
     ({"engine": "replicator"}, engine.REPLICATOR, engine.REQUESTED, False),
     ({"sampling": {"inspect": "sender", "age": "5m"}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
     ({"maxAge": "1h"}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
+    ({"deadLetter": "poison"}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
     ({"heartbeats": {"subjects": [{"subject": "hb"}]}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
     ({"target": {"subjectRemove": "fleet."}}, engine.REPLICATOR, engine.NEEDS_REPLICATOR, False),
     ({"source": {}}, engine.REPLICATOR, engine.NO_ROUTE, False),
