@@ -37,6 +37,7 @@ from replicator.copier.transform import MessageTransform
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import (
+    ACK_CONSUMER_SEQ,
     ACK_DELIVERED,
     ACK_PENDING,
     ACK_STREAM_SEQ,
@@ -88,6 +89,10 @@ class ScaledWorker:
         self.max_in_flight = self.ep.profile.settings.max_in_flight
         self.lag: str | None = None  # pending count of the latest delivery, set once per batch
         self.last_seq = 0
+        # The durable's delivery counter as this worker saw it: it only grows while the durable
+        # lives, so a smaller one means the durable was created again (the stream too, maybe).
+        self.last_cseq = 0
+        self.bound = True  # False: pull nothing until bound again (the stream's identity is in doubt)
         self.stuck = StuckWatch(self.ep, self.ep.profile.group_name)
         self.features_read = 0.0
 
@@ -98,6 +103,35 @@ class ScaledWorker:
         self.transform.set_writer(stream_identity(await stream_created(ep.source_nc, ep.source_stream,
                                                                        ep.api_prefix)))
         await self._read_features()
+
+    async def _rebind(self, puller: Puller, backoff: Backoff) -> None:
+        """Bind again before pulling more: a worker that pulled on with the old stream's writer id
+        would copy the new stream's messages under it, and the target would drop them as
+        duplicates of the old stream's copies with the same sequences."""
+        try:
+            await self._bind()
+        except Exception as err:
+            log.warning("%s cannot bind consumer: %s", self.ep.worker, err)
+            await self.stopper.sleep(backoff.next())
+            return
+        backoff.reset()
+        puller.reset()
+        self.bound, self.last_cseq = True, 0
+
+    async def _check_writer(self) -> None:
+        """The durable was created again without a status reaching this worker (it had no request
+        waiting, or the reply was lost): was the stream created again too? Unknown: unbound."""
+        ep = self.ep
+        try:
+            identity = stream_identity(await stream_created(ep.source_nc, ep.source_stream, ep.api_prefix))
+        except Exception as err:
+            log.warning("%s cannot read source stream %s: %s", ep.worker, ep.source_stream, err)
+            self.bound = False
+            return
+        if identity != self.transform.writer.identity:
+            log.warning("%s source stream %s was deleted and created again: copying it as a new writer",
+                        ep.worker, ep.source_stream)
+            self.transform.set_writer(identity)
 
     async def _read_features(self) -> None:
         self.features_read = time.monotonic()
@@ -122,30 +156,30 @@ class ScaledWorker:
         last_check = time.monotonic()
         try:
             while not self.stopper.stopping:
+                if not self.bound:
+                    await self._rebind(puller, backoff)
                 room = self.max_in_flight - self.in_flight
-                if room > 0:
+                if room > 0 and self.bound:
                     await puller.request(room)
                 await wait_wake(self.wake, 1.0)
                 if puller.last_status is not None:
                     status, text = puller.last_status
                     puller.last_status = None
                     if status == 503 or "deleted" in text.lower():  # gone (a re-created stream?): bind again
-                        try:
-                            await self._bind()
-                        except Exception as err:
-                            log.warning("%s cannot bind consumer: %s", ep.worker, err)
-                            await self.stopper.sleep(backoff.next())
+                        self.bound = False
                         puller.reset()
                     else:
                         log.warning("%s consumer status %d %s", ep.worker, status, text)
                 received = received_bytes = 0
                 out: list[tuple[str, bytes | None, bytes]] = []
                 items: list[InFlight] = []
-                while puller.buffer and self.in_flight + len(items) < self.max_in_flight:
+                while puller.buffer and self.bound and self.in_flight + len(items) < self.max_in_flight:
                     msg = puller.buffer.popleft()
                     received += 1
                     received_bytes += len(msg.data)
                     await self._admit(msg, out, items)
+                if not self.bound:  # the source stream's identity is unknown: nothing more until bound
+                    puller.reset()
                 if items:
                     self.in_flight += len(items)
                     self.sent.extend(items)
@@ -181,6 +215,12 @@ class ScaledWorker:
         to be published together."""
         ep = self.ep
         tokens = ack_tokens(msg.reply)
+        cseq = int(tokens[ACK_CONSUMER_SEQ])
+        if cseq <= self.last_cseq:
+            await self._check_writer()
+            if not self.bound:
+                return  # not acked: redelivered once bound again
+        self.last_cseq = cseq
         seq = int(tokens[ACK_STREAM_SEQ])
         self.lag, self.last_seq = tokens[ACK_PENDING], seq
         copy = self.verdict(msg, tokens)

@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import weakref
 
 import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig
 
+from replicator.copier.provenance import stream_identity, writer_id
 from replicator.demo.local_nats import LocalNatsServer
+from replicator.transport.jetstream import Puller
 from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config, wait_for_count
+from tests.support.faults import compare, read_stream, wait_count
 
 SCALED = {"workers": 3, "queue_group": "fleet_grp"}
 
@@ -26,6 +33,11 @@ async def _copy_once(source: LocalNatsServer, target: LocalNatsServer, count: in
         await src.close()
         await tgt.close()
     return weakref.ref(asyncio.get_running_loop())
+
+
+async def writer_of(nc: Client, name: str, stream: str = "FLEET") -> str:
+    created = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"")).data)["created"]
+    return writer_id(stream, stream_identity(created), name)
 
 
 def test_scaled_workers_in_one_loop_after_another(source_server: LocalNatsServer,
@@ -44,3 +56,37 @@ def test_scaled_workers_in_one_loop_after_another(source_server: LocalNatsServer
     gc.collect()
     assert first() is None, "a closed event loop is still referenced after its replicator stopped"
     assert second() is None
+
+
+async def test_a_worker_that_missed_the_re_creation_copies_as_the_new_writer(
+    monkeypatch: pytest.MonkeyPatch, source_server: LocalNatsServer, target_server: LocalNatsServer,
+    source_nc: Client, target_nc: Client,
+) -> None:
+    """The source stream is deleted and created again, and the group's durable is created again
+    by someone else (another pod), while no status reply reaches this worker (it had no request
+    waiting, or the reply was lost). Its next request is served by the new durable: the new
+    stream's messages must be copied under the new stream's writer id, or the target would take
+    them for duplicates of the old stream's copies with the same sequences and drop them."""
+    monkeypatch.setattr(Puller, "_on_status", lambda _self, _msg: None)
+    await make_stream(source_nc)
+    await publish_many(source_nc, 300)
+    profile = profile_for(topic_config(source_server.url, target_server.url, workers=1, queued=True,
+                                       queue_group="fleet_grp"))
+    js = source_nc.jetstream()
+    async with InProcess(profile):
+        assert await wait_count(target_nc, "FLEET", 300, 30) is not None
+        old = await read_stream(source_nc, "FLEET")
+        old_writer = await writer_of(source_nc, "sr")
+        await js.delete_stream("FLEET")
+        await make_stream(source_nc)
+        await js.add_consumer("FLEET", ConsumerConfig(
+            durable_name=profile.group_name, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
+            filter_subject="fleet.>", max_ack_pending=20_000, max_waiting=2048))
+        await publish_many(source_nc, 200, start=300)
+        assert await wait_count(target_nc, "FLEET", 500, 30) is not None, "the new stream's copies were dropped"
+    new_writer = await writer_of(source_nc, "sr")
+    target = await read_stream(target_nc, "FLEET")
+    for scenario, source, writer in (("old stream", old, old_writer),
+                                     ("re-created stream", await read_stream(source_nc, "FLEET"), new_writer)):
+        outcome = compare(scenario, source, target, recover_s=None, writer=writer)
+        assert outcome.lost == 0 and outcome.mismatched == 0, outcome
