@@ -89,17 +89,22 @@ class ScaledWorker:
         self.max_in_flight = self.ep.profile.settings.max_in_flight
         self.lag: str | None = None  # pending count of the latest delivery, set once per batch
         self.last_seq = 0
-        # The durable's delivery counter as this worker saw it: it only grows while the durable
-        # lives, so a smaller one means the durable was created again (the stream too, maybe).
+        # The durable's delivery counter, as of the bind or the last delivery: it only grows while
+        # the durable lives, so a delivery's not above it means the durable was created again
+        # (and the stream too, maybe).
         self.last_cseq = 0
         self.bound = True  # False: pull nothing until bound again (the stream's identity is in doubt)
         self.stuck = StuckWatch(self.ep, self.ep.profile.group_name)
         self.features_read = 0.0
 
     async def _bind(self) -> None:
-        """The group's durable, this source stream instance's writer id, the target's features."""
+        """The group's durable, this source stream instance's writer id, the target's features.
+        The durable's delivery counter is read before the stream's identity: a first delivery
+        with a counter not above it comes from a durable created since, maybe on a new stream."""
         ep = self.ep
         await ensure_group_consumer(ep, self.max_in_flight, self.creating)
+        info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.group_name)
+        self.last_cseq = info.delivered.consumer_seq or 0 if info.delivered else 0
         self.transform.set_writer(stream_identity(await stream_created(ep.source_nc, ep.source_stream,
                                                                        ep.api_prefix)))
         await self._read_features()
@@ -116,7 +121,7 @@ class ScaledWorker:
             return
         backoff.reset()
         puller.reset()
-        self.bound, self.last_cseq = True, 0
+        self.bound = True
 
     async def _check_writer(self) -> None:
         """The durable was created again without a status reaching this worker (it had no request

@@ -90,3 +90,42 @@ async def test_a_worker_that_missed_the_re_creation_copies_as_the_new_writer(
                                      ("re-created stream", await read_stream(source_nc, "FLEET"), new_writer)):
         outcome = compare(scenario, source, target, recover_s=None, writer=writer)
         assert outcome.lost == 0 and outcome.mismatched == 0, outcome
+
+
+async def test_a_worker_bound_before_the_re_creation_copies_as_the_new_writer(
+    monkeypatch: pytest.MonkeyPatch, source_server: LocalNatsServer, target_server: LocalNatsServer,
+    source_nc: Client, target_nc: Client,
+) -> None:
+    """Another pod copied the old stream; this worker bound to the group's durable after that, and
+    the stream and the durable were created again before its first delivery, with no status
+    reply reaching it. Its first delivery already comes from the new durable: it has seen no
+    delivery of its own to compare, so it compares with the durable's counter at its bind."""
+    await make_stream(source_nc)
+    await publish_many(source_nc, 300)
+    profile = profile_for(topic_config(source_server.url, target_server.url, workers=1, queued=True,
+                                       queue_group="fleet_grp"))
+    async with InProcess(profile):  # the other pod
+        assert await wait_count(target_nc, "FLEET", 300, 30) is not None
+    old = await read_stream(source_nc, "FLEET")
+    old_writer = await writer_of(source_nc, "sr")
+    monkeypatch.setattr(Puller, "_on_status", lambda _self, _msg: None)
+    js = source_nc.jetstream()
+    async with InProcess(profile) as replicator:
+        for _ in range(100):  # bound, its requests waiting on the old durable
+            if all(w.bound for w in replicator.workers):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        await js.delete_stream("FLEET")
+        await make_stream(source_nc)
+        await js.add_consumer("FLEET", ConsumerConfig(
+            durable_name=profile.group_name, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
+            filter_subject="fleet.>", max_ack_pending=20_000, max_waiting=2048))
+        await publish_many(source_nc, 200, start=300)
+        assert await wait_count(target_nc, "FLEET", 500, 30) is not None, "the new stream's copies were dropped"
+    new_writer = await writer_of(source_nc, "sr")
+    target = await read_stream(target_nc, "FLEET")
+    for scenario, source, writer in (("old stream", old, old_writer),
+                                     ("re-created stream", await read_stream(source_nc, "FLEET"), new_writer)):
+        outcome = compare(scenario, source, target, recover_s=None, writer=writer)
+        assert outcome.lost == 0 and outcome.mismatched == 0, outcome
