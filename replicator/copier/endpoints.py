@@ -14,9 +14,11 @@ from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from replicator.config.model import Profile
+from replicator.copier.provenance import stream_identity
 from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import ACK_TIMESTAMP
+from replicator.transport.streams import stream_created
 from replicator.transport.wire import RawMsg
 
 PUBLISH_TIMEOUT = 5.0
@@ -93,6 +95,12 @@ class Endpoints:
     @property
     def target_js(self) -> JetStreamContext:
         return self.target_nc.jetstream()
+
+
+async def source_identity(ep: Endpoints) -> str:
+    """The source stream instance now: it changes when the stream is deleted and created again,
+    and with it the writer id its copies carry."""
+    return stream_identity(await stream_created(ep.source_nc, ep.source_stream, ep.api_prefix))
 
 
 def start_position(profile: Profile) -> dict[str, object]:

@@ -32,6 +32,7 @@ from replicator.copier.endpoints import (
     Endpoints,
     flush_counts,
     settle,
+    source_identity,
     start_position,
     verdict_for,
 )
@@ -45,7 +46,6 @@ from replicator.copier.position import (
     ack_seq,
     resume_point,
 )
-from replicator.copier.provenance import stream_identity
 from replicator.copier.shutdown import finish
 from replicator.copier.transform import MessageTransform
 from replicator.copier.window import Entry, any_unsure, batch_failure, landed, reset, settled
@@ -63,7 +63,6 @@ from replicator.transport.jetstream import (
     ack,
     ack_tokens,
 )
-from replicator.transport.streams import stream_created
 from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
@@ -113,11 +112,6 @@ class OrderedCopier:
         self.gap: tuple[int, int] | None = None
 
     # ---- setup ----
-    async def _identify(self) -> str:
-        """The source stream instance now (it changes when the stream is deleted and re-created)."""
-        ep = self.ep
-        return stream_identity(await stream_created(ep.source_nc, ep.source_stream, ep.api_prefix))
-
     async def _read_features(self) -> None:
         info = await self.ep.target_js.stream_info(self.ep.target_stream)
         features = TargetFeatures.of(info.config)
@@ -130,7 +124,7 @@ class OrderedCopier:
         """(Re)create the durable at the resume point: the server's redelivery order cannot be trusted
         for messages that were in flight when the previous worker died."""
         ep = self.ep
-        self.transform.set_writer(await self._identify())
+        self.transform.set_writer(await source_identity(self.ep))
         await self._read_features()
         topic = ep.profile.settings.topic
         self.position = TargetPosition(ep.target_nc, ep.target_stream, self.transform.rewrite(topic),
@@ -546,7 +540,7 @@ class OrderedCopier:
             log.warning("%s consumer status %d %s", ep.worker, status, text)
             return False
         try:
-            identity = await self._identify()
+            identity = await source_identity(self.ep)
         except Exception as err:
             log.warning("%s source stream %s unavailable (%s): retrying", ep.worker, ep.source_stream, err)
             await self.stopper.sleep(self.backoff.next())

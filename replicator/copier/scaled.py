@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo
 from nats.js.errors import NotFoundError
 
 from replicator.copier.control import Backoff, Stopper, wait_wake
@@ -26,13 +26,13 @@ from replicator.copier.endpoints import (
     Endpoints,
     flush_counts,
     settle,
+    source_identity,
     start_position,
     verdict_for,
 )
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
 from replicator.copier.poison import StuckWatch, describe, give_up
-from replicator.copier.provenance import stream_identity
 from replicator.copier.transform import MessageTransform
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
@@ -51,7 +51,6 @@ from replicator.transport.jetstream import (
     nak,
     term,
 )
-from replicator.transport.streams import stream_created
 from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
@@ -93,20 +92,19 @@ class ScaledWorker:
         # the durable lives, so a delivery's not above it means the durable was created again
         # (and the stream too, maybe).
         self.last_cseq = 0
-        self.bound = True  # False: pull nothing until bound again (the stream's identity is in doubt)
+        self.bound = False  # pull nothing until bound (again: the stream's identity is in doubt)
         self.stuck = StuckWatch(self.ep, self.ep.profile.group_name)
         self.features_read = 0.0
 
     async def _bind(self) -> None:
         """The group's durable, this source stream instance's writer id, the target's features.
-        The durable's delivery counter is read before the stream's identity: a first delivery
-        with a counter not above it comes from a durable created since, maybe on a new stream."""
+        The durable's delivery counter is taken before the stream's identity is read: a first
+        delivery with a counter not above it comes from a durable created since, maybe on a new
+        stream."""
         ep = self.ep
-        await ensure_group_consumer(ep, self.max_in_flight, self.creating)
-        info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.group_name)
-        self.last_cseq = info.delivered.consumer_seq or 0 if info.delivered else 0
-        self.transform.set_writer(stream_identity(await stream_created(ep.source_nc, ep.source_stream,
-                                                                       ep.api_prefix)))
+        durable = await ensure_group_consumer(ep, self.max_in_flight, self.creating)
+        self.last_cseq = durable.delivered.consumer_seq or 0 if durable.delivered else 0
+        self.transform.set_writer(await source_identity(ep))
         await self._read_features()
 
     async def _rebind(self, puller: Puller, backoff: Backoff) -> None:
@@ -128,7 +126,7 @@ class ScaledWorker:
         waiting, or the reply was lost): was the stream created again too? Unknown: unbound."""
         ep = self.ep
         try:
-            identity = stream_identity(await stream_created(ep.source_nc, ep.source_stream, ep.api_prefix))
+            identity = await source_identity(ep)
         except Exception as err:
             log.warning("%s cannot read source stream %s: %s", ep.worker, ep.source_stream, err)
             self.bound = False
@@ -147,19 +145,14 @@ class ScaledWorker:
         ep = self.ep
         await self.publisher.start()
         backoff = Backoff()
-        while not self.stopper.stopping:
-            try:
-                await self._bind()
-                break
-            except Exception as err:
-                log.warning("%s cannot bind consumer: %s", ep.worker, err)
-                await self.stopper.sleep(backoff.next())
         puller = Puller(ep.source_nc, ep.source_stream, ep.profile.group_name, batch=ep.profile.settings.batch,
                         wake=self.wake, api_prefix=ep.api_prefix)
         await puller.start()
-        ep.ready(True)
-        last_check = time.monotonic()
         try:
+            while not self.stopper.stopping and not self.bound:
+                await self._rebind(puller, backoff)
+            ep.ready(True)
+            last_check = time.monotonic()
             while not self.stopper.stopping:
                 if not self.bound:
                     await self._rebind(puller, backoff)
@@ -172,7 +165,6 @@ class ScaledWorker:
                     puller.last_status = None
                     if status == 503 or "deleted" in text.lower():  # gone (a re-created stream?): bind again
                         self.bound = False
-                        puller.reset()
                     else:
                         log.warning("%s consumer status %d %s", ep.worker, status, text)
                 received = received_bytes = 0
@@ -183,7 +175,7 @@ class ScaledWorker:
                     received += 1
                     received_bytes += len(msg.data)
                     await self._admit(msg, out, items)
-                if not self.bound:  # the source stream's identity is unknown: nothing more until bound
+                if not self.bound:  # the source stream's identity is unknown: what came is dropped
                     puller.reset()
                 if items:
                     self.in_flight += len(items)
@@ -305,7 +297,7 @@ class ScaledWorker:
         await self._settle()
 
 
-async def ensure_group_consumer(ep: Endpoints, max_in_flight: int, creating: asyncio.Lock) -> None:
+async def ensure_group_consumer(ep: Endpoints, max_in_flight: int, creating: asyncio.Lock) -> ConsumerInfo:
     """The shared durable: created once (first-start position), then just bound by every worker.
     After a hand-over (`resume_after`) a durable still behind it is replaced; one that comes back
     behind it anyway (another pod replacing it at the same moment) is replaced again.
@@ -318,21 +310,23 @@ async def ensure_group_consumer(ep: Endpoints, max_in_flight: int, creating: asy
     handed_over = ep.profile.settings.resume_after or 0
     async with creating:
         for _ in range(FRESH_ATTEMPTS):
-            delivered = await _ensure_group_consumer(ep, max_in_flight, name, handed_over)
+            delivered, info = await _ensure_group_consumer(ep, max_in_flight, name, handed_over)
             if delivered >= handed_over:
-                return
+                return info
             log.warning("%s: consumer %s came back at %d, behind %d: replacing it again", ep.worker, name,
                         delivered, handed_over)
         raise RuntimeError(f"consumer {name} stays behind sequence {handed_over} after {FRESH_ATTEMPTS} attempts")
 
 
-async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str, handed_over: int) -> int:
-    """How far the durable is past (its ack floor when kept, its delivery point when created)."""
+async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str,
+                                 handed_over: int) -> tuple[int, ConsumerInfo]:
+    """How far the durable is past (its ack floor when kept, its delivery point when created), and
+    its info."""
     try:
         info = await ep.source_js.consumer_info(ep.source_stream, name)
         floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
         if floor >= handed_over:
-            return floor
+            return floor, info
         # Left from before another engine copied up to `resume_after`: it would copy that again.
         log.info("%s replaces consumer %s (ack floor %d, copied elsewhere up to %d)",
                  ep.worker, name, floor, handed_over)
@@ -354,4 +348,4 @@ async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str, h
     except Exception:
         # Another worker or pod created it first with the same settings: bind to that one.
         info = await ep.source_js.consumer_info(ep.source_stream, name)
-    return info.delivered.stream_seq or 0 if info.delivered else 0
+    return (info.delivered.stream_seq or 0 if info.delivered else 0), info
