@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from replicator.config import Profile, parse_config
-from replicator.copier.provenance import PROVENANCE, parse_provenance
+from replicator.copier.provenance import PROVENANCE, parse_provenance, stream_identity, writer_id
 from replicator.service.runner import Replicator
 
 
@@ -47,6 +48,12 @@ async def make_target(nc: Client, path: str, name: str = "FLEET", subjects: Iter
                       **kw: Any) -> None:
     """A target stream for a write path: with `allow_batched` (batch) or without (message)."""
     await make_stream(nc, name, subjects, allow_batched=True if path == "batch" else None, **kw)
+
+
+async def writer_of(nc: Client, name: str, stream: str = "FLEET") -> str:
+    """The writer id that replicator `name` gives the copies of `stream` as it is now."""
+    created = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"")).data)["created"]
+    return writer_id(stream, stream_identity(created), name)
 
 
 def write_path(replicator: Replicator, worker: str = "sr_0") -> str | None:

@@ -5,7 +5,6 @@ duplicate, and each source's copies stay complete and (ordered mode) in order.""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,9 +12,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from replicator.copier.provenance import stream_identity, writer_id
 from replicator.demo.local_nats import LocalNatsServer
-from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config
+from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config, writer_of
 from tests.support.faults import compare, read_stream, wait_count
 
 SCALED: dict[str, Any] = {"workers": 2, "queue_group": "fleet_grp"}
@@ -26,11 +24,6 @@ def city2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]
     server = LocalNatsServer(name="city2", store_dir=tmp_path_factory.mktemp("city2-js")).start()
     yield server
     server.close()
-
-
-async def writer_of(nc: Client, name: str, stream: str = "FLEET") -> str:
-    created = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"")).data)["created"]
-    return writer_id(stream, stream_identity(created), name)
 
 
 def check(scenario: str, source: list[Any], target: list[Any], writer: str, ordered: bool) -> None:

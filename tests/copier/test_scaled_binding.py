@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import weakref
 
 import nats
@@ -14,11 +13,19 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from replicator.copier.provenance import stream_identity, writer_id
+from replicator.config import Profile
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.transport.jetstream import Puller
-from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config, wait_for_count
-from tests.support.faults import compare, read_stream, wait_count
+from tests.copier.helpers import (
+    InProcess,
+    make_stream,
+    profile_for,
+    publish_many,
+    topic_config,
+    wait_for_count,
+    writer_of,
+)
+from tests.support.faults import StoredMsg, compare, read_stream, wait_count
 
 SCALED = {"workers": 3, "queue_group": "fleet_grp"}
 
@@ -35,9 +42,30 @@ async def _copy_once(source: LocalNatsServer, target: LocalNatsServer, count: in
     return weakref.ref(asyncio.get_running_loop())
 
 
-async def writer_of(nc: Client, name: str, stream: str = "FLEET") -> str:
-    created = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"")).data)["created"]
-    return writer_id(stream, stream_identity(created), name)
+def one_scaled_worker(source: LocalNatsServer, target: LocalNatsServer) -> Profile:
+    return profile_for(topic_config(source.url, target.url, workers=1, queued=True, queue_group="fleet_grp"))
+
+
+async def recreate_behind_the_worker(nc: Client, profile: Profile) -> None:
+    """The source stream and the group's durable created again (as another pod would), and 200 new
+    messages: sequences 1-200 again, which the old stream's copies also had."""
+    js = nc.jetstream()
+    await js.delete_stream("FLEET")
+    await make_stream(nc)
+    await js.add_consumer("FLEET", ConsumerConfig(
+        durable_name=profile.group_name, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
+        filter_subject="fleet.>", max_ack_pending=20_000, max_waiting=2048))
+    await publish_many(nc, 200, start=300)
+
+
+async def check_each_writer(source_nc: Client, target_nc: Client, old: list[StoredMsg], old_writer: str) -> None:
+    """Each stream's messages all on the target, under its own writer id."""
+    new_writer = await writer_of(source_nc, "sr")
+    target = await read_stream(target_nc, "FLEET")
+    for scenario, source, writer in (("old stream", old, old_writer),
+                                     ("re-created stream", await read_stream(source_nc, "FLEET"), new_writer)):
+        outcome = compare(scenario, source, target, recover_s=None, writer=writer)
+        assert outcome.lost == 0 and outcome.mismatched == 0, outcome
 
 
 def test_scaled_workers_in_one_loop_after_another(source_server: LocalNatsServer,
@@ -70,26 +98,14 @@ async def test_a_worker_that_missed_the_re_creation_copies_as_the_new_writer(
     monkeypatch.setattr(Puller, "_on_status", lambda _self, _msg: None)
     await make_stream(source_nc)
     await publish_many(source_nc, 300)
-    profile = profile_for(topic_config(source_server.url, target_server.url, workers=1, queued=True,
-                                       queue_group="fleet_grp"))
-    js = source_nc.jetstream()
+    profile = one_scaled_worker(source_server, target_server)
     async with InProcess(profile):
         assert await wait_count(target_nc, "FLEET", 300, 30) is not None
         old = await read_stream(source_nc, "FLEET")
         old_writer = await writer_of(source_nc, "sr")
-        await js.delete_stream("FLEET")
-        await make_stream(source_nc)
-        await js.add_consumer("FLEET", ConsumerConfig(
-            durable_name=profile.group_name, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
-            filter_subject="fleet.>", max_ack_pending=20_000, max_waiting=2048))
-        await publish_many(source_nc, 200, start=300)
+        await recreate_behind_the_worker(source_nc, profile)
         assert await wait_count(target_nc, "FLEET", 500, 30) is not None, "the new stream's copies were dropped"
-    new_writer = await writer_of(source_nc, "sr")
-    target = await read_stream(target_nc, "FLEET")
-    for scenario, source, writer in (("old stream", old, old_writer),
-                                     ("re-created stream", await read_stream(source_nc, "FLEET"), new_writer)):
-        outcome = compare(scenario, source, target, recover_s=None, writer=writer)
-        assert outcome.lost == 0 and outcome.mismatched == 0, outcome
+    await check_each_writer(source_nc, target_nc, old, old_writer)
 
 
 async def test_a_worker_bound_before_the_re_creation_copies_as_the_new_writer(
@@ -102,30 +118,18 @@ async def test_a_worker_bound_before_the_re_creation_copies_as_the_new_writer(
     delivery of its own to compare, so it compares with the durable's counter at its bind."""
     await make_stream(source_nc)
     await publish_many(source_nc, 300)
-    profile = profile_for(topic_config(source_server.url, target_server.url, workers=1, queued=True,
-                                       queue_group="fleet_grp"))
+    profile = one_scaled_worker(source_server, target_server)
     async with InProcess(profile):  # the other pod
         assert await wait_count(target_nc, "FLEET", 300, 30) is not None
     old = await read_stream(source_nc, "FLEET")
     old_writer = await writer_of(source_nc, "sr")
     monkeypatch.setattr(Puller, "_on_status", lambda _self, _msg: None)
-    js = source_nc.jetstream()
     async with InProcess(profile) as replicator:
         for _ in range(100):  # bound, its requests waiting on the old durable
             if all(w.bound for w in replicator.workers):
                 break
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.5)
-        await js.delete_stream("FLEET")
-        await make_stream(source_nc)
-        await js.add_consumer("FLEET", ConsumerConfig(
-            durable_name=profile.group_name, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
-            filter_subject="fleet.>", max_ack_pending=20_000, max_waiting=2048))
-        await publish_many(source_nc, 200, start=300)
+        await recreate_behind_the_worker(source_nc, profile)
         assert await wait_count(target_nc, "FLEET", 500, 30) is not None, "the new stream's copies were dropped"
-    new_writer = await writer_of(source_nc, "sr")
-    target = await read_stream(target_nc, "FLEET")
-    for scenario, source, writer in (("old stream", old, old_writer),
-                                     ("re-created stream", await read_stream(source_nc, "FLEET"), new_writer)):
-        outcome = compare(scenario, source, target, recover_s=None, writer=writer)
-        assert outcome.lost == 0 and outcome.mismatched == 0, outcome
+    await check_each_writer(source_nc, target_nc, old, old_writer)
