@@ -8,7 +8,11 @@ STAMP := $(VENV)/.installed
 
 all: test
 
-$(STAMP): pyproject.toml
+# The modules setup.py compiles (its HOT_MODULES): an installed build of an older copy of one of them
+# would shadow the edited source, so editing one reinstalls (and recompiles).
+COMPILED_SOURCES := replicator/transport/wire.py replicator/sampling/limiter.py
+
+$(STAMP): pyproject.toml setup.py $(COMPILED_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,spark,report]'
@@ -50,3 +54,4 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find replicator -name "*.so" -delete  # the editable install's compiled modules (setup.py)

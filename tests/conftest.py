@@ -9,10 +9,18 @@ import pytest
 from nats.aio.client import Client
 
 from replicator.demo.local_nats import LocalNatsServer
+from tests.support.compiled_build import stale_extensions
 
 # The fault table's report hooks: here, in the conftest every process loads (the xdist controller
 # never collects tests/faults/conftest.py).
 from tests.support.fault_table import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    stale = stale_extensions()
+    if stale:
+        pytest.exit(f"compiled from older sources: {', '.join(stale)}; `make venv` builds them again "
+                    "(or delete them to test the pure-Python modules)", returncode=2)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -21,6 +21,7 @@ from replicator.heartbeats import Heartbeats, heartbeat_profile
 from replicator.observe.gometrics import GoMetrics, GoStream, Sample
 from replicator.observe.metrics import Metrics
 from replicator.observe.monitor import MonitorServer
+from replicator.service.compiled import describe as describe_build
 from replicator.service.runner import Replicator
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class ReplicatorProcess:
 
     async def run(self) -> None:
         extra = self.go_metrics.render if self.go_metrics is not None else None
+        log.info("%s", describe_build())
         try:
             for port in self.ports:
                 monitor = MonitorServer(self.metrics.registry, self.readiness, port, extra=extra)

@@ -99,6 +99,9 @@ def test_no_build_tools_in_final_stages(stages, target: str) -> None:
 def test_builder_builds_the_wheel_and_installs_it(stages) -> None:
     wheel = " ".join(i.args for i in stages["wheel"].all("RUN"))
     assert "pip wheel --no-deps --wheel-dir /dist /src" in wheel
+    # ... compiled (setup.py): a build that cannot compile fails rather than ship the slower worker.
+    assert "STREAM_REPLICATOR_COMPILE=1 /opt/venv/bin/pip wheel" in wheel
+    assert "gcc" in wheel
     for name in ("builder", "spark-builder"):
         runs = " ".join(i.args for i in stages[name].all("RUN"))
         assert re.search(r"/opt/venv/bin/pip install --no-deps /dist/stream_replicator-\*\.whl", runs), name

@@ -8,6 +8,7 @@ venv's editable install of this project is invisible: the project is imported fr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import sys
 import tomllib
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from dockerfile_support import REPO, context_files
@@ -35,10 +37,10 @@ def clean_env(keep_pythonpath: bool = False) -> dict[str, str]:
 
 
 def check(
-    args: list[str], cwd: Path, timeout: float = 120, keep_pythonpath: bool = False
+    args: list[str], cwd: Path, timeout: float = 120, keep_pythonpath: bool = False, **env: str
 ) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        args, cwd=cwd, env=clean_env(keep_pythonpath), capture_output=True, text=True, timeout=timeout
+        args, cwd=cwd, env=clean_env(keep_pythonpath) | env, capture_output=True, text=True, timeout=timeout
     )
     assert result.returncode == 0, f"{args} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
     return result
@@ -67,13 +69,32 @@ def missing_build_backend() -> str | None:
     )
 
 
+def project_setup() -> ModuleType:
+    """The project's setup.py as a module (it calls `setup` only when run as a script)."""
+    spec = importlib.util.spec_from_file_location("project_setup", REPO / "setup.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module", params=["compiled", "pure"])
+def build(request: pytest.FixtureRequest) -> str:
+    """Both builds setup.py makes: compiled (the images') and pure Python (no compiler there)."""
+    if request.param == "compiled":
+        problem = project_setup().can_compile()
+        if problem:
+            pytest.skip(f"setup.py cannot compile here: {problem}")
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel(build: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build the wheel from a copy of the Docker build context (the builder stage's inputs)."""
     problem = missing_build_backend()
     if problem:
         pytest.fail(problem)
-    root = tmp_path_factory.mktemp("wheel")
+    root = tmp_path_factory.mktemp(f"wheel-{build}")
     context = root / "context"
     for rel in context_files():
         target = context / rel
@@ -96,6 +117,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=root,
         timeout=300,
         keep_pythonpath=True,
+        STREAM_REPLICATOR_COMPILE="1" if build == "compiled" else "0",
     )
     (built,) = dist.glob("stream_replicator-*.whl")
     return built
@@ -133,8 +155,11 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv
 
 
-def test_wheel_metadata(wheel: Path) -> None:
-    assert wheel.name == f"stream_replicator-{VERSION}-py3-none-any.whl"
+def test_wheel_metadata(build: str, wheel: Path) -> None:
+    if build == "pure":
+        assert wheel.name == f"stream_replicator-{VERSION}-py3-none-any.whl"
+    else:  # holds compiled code: for this interpreter and platform only
+        assert wheel.name.startswith(f"stream_replicator-{VERSION}-cp3") and "none-any" not in wheel.name
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
@@ -169,6 +194,26 @@ def test_wheel_contents(wheel: Path) -> None:
         assert "replicator/fleet_health/app.py" in names
 
 
+def test_hot_modules_are_compiled_in_the_compiled_build_only(build: str, wheel: Path, venv: Path) -> None:
+    """The compiled build ships each hot module twice (extension and source); the pure one, source only.
+    Installed, the process reports (and logs) which it runs."""
+    hot = project_setup().HOT_MODULES
+    with zipfile.ZipFile(wheel) as zf:
+        extensions = sorted(n for n in zf.namelist() if n.endswith(".so"))
+    if build == "pure":
+        assert extensions == []
+    else:
+        for path in hot:
+            stem = path.removesuffix(".py")
+            assert any(n.startswith(stem + ".") for n in extensions), f"{path} is not compiled in {extensions}"
+    code = ("from replicator.service.compiled import compiled_modules, describe; "
+            "print(compiled_modules()); print(describe())")
+    out = check([str(venv / "bin" / "python"), "-c", code], cwd=venv).stdout.splitlines()
+    names = [p.removesuffix(".py").replace("/", ".") for p in hot]
+    assert out[0] == str(names if build == "compiled" else [])
+    assert out[1].startswith("data path compiled" if build == "compiled" else "data path interpreted")
+
+
 def test_installed_package_comes_from_the_wheel(venv: Path) -> None:
     code = (
         "import json, replicator, replication_operator, yaml, nats; "
@@ -185,3 +230,14 @@ def test_console_scripts_run(venv: Path, script: str) -> None:
     assert path.is_file(), f"the wheel installed no {script} script"
     result = check([str(path), "--help"], cwd=venv)
     assert "usage" in (result.stdout + result.stderr).lower()
+
+
+def test_one_list_of_compiled_modules() -> None:
+    """setup.py compiles, the log reports and the Makefile rebuilds on edits of the same modules."""
+    from replicator.service.compiled import HOT_MODULES
+
+    paths = project_setup().HOT_MODULES
+    assert [p.removesuffix(".py").replace("/", ".") for p in paths] == list(HOT_MODULES)
+    makefile = (REPO / "Makefile").read_text()
+    (line,) = [x for x in makefile.splitlines() if x.startswith("COMPILED_SOURCES :=")]
+    assert line.split(":=")[1].split() == paths
