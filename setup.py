@@ -45,7 +45,9 @@ def extensions() -> list:
         return []
     from mypyc.build import mypycify
 
-    return mypycify(HOT_MODULES, opt_level="3", group_name="replicator._compiled")
+    # Blind to installed packages: what mypy would know of them depends on what the environment
+    # holds when the build runs, and the same source must always compile to the same code.
+    return mypycify(["--no-site-packages", *HOT_MODULES], opt_level="3", group_name="replicator._compiled")
 
 
 if __name__ == "__main__":  # setuptools runs this file as a script; tests import it for `can_compile`

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 
 import nats.aio.client
+from mypy_extensions import mypyc_attr
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError, ProtocolError
@@ -59,6 +60,10 @@ class RawMsg:
         return view(self.hdr)
 
 
+# An ordinary Python class even where this module is compiled (setup.py): a compiled class deriving from
+# nats-py's would lay out its instances by what the compiler knew of that class when it ran, and a build
+# that could not see nats-py crashed the collector.
+@mypyc_attr(native_class=False)
 class RawParser(Parser):
     """nats-py's `Parser`, faster, with a direct route for registered subscriptions."""
 

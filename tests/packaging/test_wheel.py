@@ -214,6 +214,27 @@ def test_hot_modules_are_compiled_in_the_compiled_build_only(build: str, wheel: 
     assert out[1].startswith("data path compiled" if build == "compiled" else "data path interpreted")
 
 
+# Classes that mypyc compiled (they carry `__mypyc_attrs__`) whose bases are not all compiled too: the
+# layout of such a class follows whatever the compiler knew of its base, and one built without nats-py
+# in sight crashed the garbage collector (RawParser, now kept an ordinary class).
+MIXED_CLASSES = """
+import importlib, inspect, json
+from replicator.service.compiled import HOT_MODULES
+mixed = []
+for name in HOT_MODULES:
+    for cls_name, cls in inspect.getmembers(importlib.import_module(name), inspect.isclass):
+        if cls.__module__ == name and hasattr(cls, "__mypyc_attrs__"):
+            mixed += [f"{name}.{cls_name}({base.__qualname__})" for base in cls.__mro__[1:]
+                      if base is not object and not hasattr(base, "__mypyc_attrs__")]
+print(json.dumps(mixed))
+"""
+
+
+def test_no_compiled_class_derives_from_an_interpreted_one(build: str, venv: Path) -> None:
+    out = check([str(venv / "bin" / "python"), "-c", MIXED_CLASSES], cwd=venv).stdout
+    assert json.loads(out) == []
+
+
 def test_installed_package_comes_from_the_wheel(venv: Path) -> None:
     code = (
         "import json, replicator, replication_operator, yaml, nats; "
