@@ -71,7 +71,8 @@ class RawParser(Parser):
         self._by_sid: dict[bytes, RawHandler] = {}  # as the wire writes subscription ids
         self._batched: dict[bytes, BatchHandler] = {}
         self._subjects: dict[bytes, str] = {}
-        super().__init__(nc)
+        # Named, not super(): compiled blind to nats-py (setup.py), super() would resolve to object.
+        Parser.__init__(self, nc)
         self._previous = previous  # its unparsed bytes are taken over at the first `parse`
 
     def register(self, sid: int, handler: RawHandler | None) -> None:
@@ -90,7 +91,7 @@ class RawParser(Parser):
             self._batched[str(sid).encode()] = handler
 
     def reset(self) -> None:
-        super().reset()
+        Parser.reset(self)
         self._pending = b""
         self._chunks: list[bytes] = []
         self._have = 0
