@@ -19,6 +19,7 @@ from nats.js.api import ExternalStream, StreamConfig, StreamSource
 
 from bench.common import connect, cpu_seconds, preload, proxy_process, replicator_process, table, time_fill
 from replicator.demo.local_nats import LocalNatsServer
+from replicator.service.compiled import describe
 
 
 @dataclass
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs, each with its own references")
     args = parser.parse_args(argv)
     cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
-    print("Data plane: copier throughput vs NATS's own mirror over a leafnode (same run)")
+    print(f"Data plane: copier throughput vs NATS's own mirror over a leafnode (same run; {describe()})")
     for _ in range(args.repeat):
         print(report(asyncio.run(run(args.messages, args.large_messages, args.sustained_messages, cases))), flush=True)
     return 0

@@ -24,6 +24,7 @@ from nats.js.api import StreamConfig
 
 from bench.common import connect, replicator_process, table, time_progress
 from replicator.demo.local_nats import LocalNatsServer
+from replicator.service.compiled import describe
 
 
 async def preload_senders(nc: Client, senders: int, repeats: int) -> int:
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = asyncio.run(run(args.senders, args.worst, args.rounds))
     print(f"Sampling: source messages consumed per second, unsampled vs sampled, the same copier on the same "
-          f"stream (median of {args.rounds} alternating pairs)")
+          f"stream (median of {args.rounds} alternating pairs; {describe()})")
     print(table(("case", "messages", "unsampled msgs/s", "sampled msgs/s", "x unsampled", "pairs (range)"),
                 [(label, f"{n:,}", f"{p:,.0f}", f"{s:,.0f}", f"{statistics.median(r):.2f}",
                   f"{min(r):.2f}-{max(r):.2f}") for label, n, p, s, r in rows]))
