@@ -19,8 +19,9 @@ after it), else from the target.
 trickle go per message (no batch to open, no commit to wait for). An open batch takes every later
 message while flow control allows (after the server's first flow ack, and at most the larger of
 twice its cadence and the window unconfirmed); it is committed once nothing was sent to it for
-`COMMIT_IDLE` while the source has nothing more pending (for `COMMIT_WAIT` when it has, and its
-messages are merely slow to come), which confirms the messages after the last flow boundary. The
+`COMMIT_IDLE` while the source has nothing more pending or its deliveries are being skipped
+(sampling: their acknowledgements wait for the batch's tail), for `COMMIT_WAIT` when more copies
+are merely slow to come; the commit confirms the messages after the last flow boundary. The
 flow asked for is a quarter of what the window holds, so acknowledgements come often enough to
 keep the window moving when messages are large. After a chain break (another writer in between:
 fan-in) the copier writes per message for `COOL_DOWN`, doubling while breaks recur: a broken chain
@@ -175,8 +176,8 @@ class BatchWriter:
 
     async def tick(self, idle: bool, caught_up: bool = True) -> float:
         """Commit an idle batch, ping a quiet one, fail a silent or disconnected one; seconds until
-        the next check is due. `idle`: nothing is waiting to be sent; `caught_up`: the source has
-        nothing more pending either."""
+        the next check is due. `idle`: nothing is waiting to be sent; `caught_up`: nothing more is
+        coming to send soon either (the copier's `nothing_to_follow`)."""
         b = self.batch
         if b is None or b.ended:
             if b is not None and b.error is None:

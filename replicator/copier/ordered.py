@@ -216,9 +216,12 @@ class OrderedCopier:
                 self.lag = None
             await self.pump()
             await self.drain()
-            wait = await self.writer.tick(idle=not self.unsent and not puller.buffer, caught_up=self.caught_up)
-            if admitted == ADMIT_CHUNK:
-                wait = 0.0  # more is ready: only let the acknowledgements in before the next chunk
+            wait = await self.writer.tick(idle=not self.unsent and not puller.buffer, caught_up=self.nothing_to_follow)
+            if admitted == ADMIT_CHUNK or (puller.buffer and len(self.window) < self.max_in_flight):
+                # More is ready: only let the acknowledgements in before the next chunk. Or drain
+                # just made room for deliveries that arrived while the window was full: with the
+                # source's backlog all delivered, no further arrival would wake the loop for them.
+                wait = 0.0
             if self.gap is not None:
                 first, last = self.gap
                 log.warning("%s deliveries %d..%d of consumer %s were lost in transit: fetching them again",
@@ -315,6 +318,14 @@ class OrderedCopier:
                 entry.batch, entry.bseq, entry.sent_at = batch, first + i, now
                 entry.attempts += 1
             self.last_id = predecessor
+
+    @property
+    def nothing_to_follow(self) -> bool:
+        """No copy is about to follow the open batch's last: the source has nothing pending, or its
+        deliveries are being skipped (sampling). Skips are acknowledged only with the copy ahead
+        of them, so a batch held open for more copies would hold the source consumer at its
+        max_ack_pending, and the copier with it, until the batch commits."""
+        return self.caught_up or bool(self.window and self.window[-1].skipped_seq)
 
     @property
     def max_in_flight(self) -> int:
