@@ -20,7 +20,7 @@ from tests.copier.helpers import (
     wait_for_count,
     write_config,
 )
-from tests.support.faults import log_size, wait_log
+from tests.support.faults import log_size, wait_log, wait_metric
 
 
 async def _wait_http(url: str, timeout: float = 20.0) -> str:
@@ -76,6 +76,9 @@ async def test_sigterm_stops_cleanly_with_everything_acked(tmp_path, source_serv
         ready = await _wait_http(f"http://127.0.0.1:{port}/readyz")
         assert '"ready": true' in ready
         assert await _wait_http(f"http://127.0.0.1:{port}/healthz")
+        # Copies are counted once the target confirmed them: a batch's tail at its commit, which
+        # may come a moment after the messages landed where the count above saw them.
+        assert await wait_metric(port, "stream_replicator_copied_msgs_total", 2000.0, 20, name="sr", worker="sr_0")
         metrics = await _wait_http(f"http://127.0.0.1:{port}/metrics")
         assert 'stream_replicator_copied_msgs_total{name="sr",worker="sr_0"} 2000.0' in metrics
         assert 'stream_replicator_received_msgs_total{name="sr",worker="sr_0"} 2000.0' in metrics

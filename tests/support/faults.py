@@ -230,8 +230,9 @@ def scrape(port: int, timeout: float = 2.0) -> str:
         return resp.read().decode()
 
 
-def metric(text: str, name: str, **labels: str) -> float | None:
-    """One sample's value from an exposition (labels must all match); None if absent."""
+def metric(text: str, name: str, /, **labels: str) -> float | None:
+    """One sample's value from an exposition (labels must all match, `name` among them); None if
+    absent."""
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name):
             continue
@@ -243,7 +244,7 @@ def metric(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-async def wait_metric(port: int, name: str, want: float, within: float, **labels: str) -> bool:
+async def wait_metric(port: int, name: str, want: float, within: float, /, **labels: str) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
