@@ -174,10 +174,10 @@ class BatchWriter:
             b.fail(PublishError(f"batch publish failed: {type(err).__name__}: {err}"))
         return b, first
 
-    async def tick(self, idle: bool, caught_up: bool = True) -> float:
+    async def tick(self, idle: bool, nothing_to_follow: bool = True) -> float:
         """Commit an idle batch, ping a quiet one, fail a silent or disconnected one; seconds until
-        the next check is due. `idle`: nothing is waiting to be sent; `caught_up`: nothing more is
-        coming to send soon either (the copier's `nothing_to_follow`)."""
+        the next check is due. `idle`: nothing is waiting to be sent; `nothing_to_follow`: nothing
+        more is coming to send soon either (the source is caught up, or its deliveries are skipped)."""
         b = self.batch
         if b is None or b.ended:
             if b is not None and b.error is None:
@@ -198,7 +198,7 @@ class BatchWriter:
                     await b.ping()
         if b.committing or not b.sent:
             return 1.0
-        due = self.last_send + (COMMIT_IDLE if caught_up else COMMIT_WAIT) - now
+        due = self.last_send + (COMMIT_IDLE if nothing_to_follow else COMMIT_WAIT) - now
         if not idle or due > 0:
             return max(due, 0.001) if idle else 1.0
         try:

@@ -216,7 +216,8 @@ class OrderedCopier:
                 self.lag = None
             await self.pump()
             await self.drain()
-            wait = await self.writer.tick(idle=not self.unsent and not puller.buffer, caught_up=self.nothing_to_follow)
+            wait = await self.writer.tick(idle=not self.unsent and not puller.buffer,
+                                          nothing_to_follow=self.nothing_to_follow)
             if admitted == ADMIT_CHUNK or (puller.buffer and len(self.window) < self.max_in_flight):
                 # More is ready: only let the acknowledgements in before the next chunk. Or drain
                 # just made room for deliveries that arrived while the window was full: with the
