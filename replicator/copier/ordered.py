@@ -219,9 +219,8 @@ class OrderedCopier:
             wait = await self.writer.tick(idle=not self.unsent and not puller.buffer,
                                           nothing_to_follow=self.nothing_to_follow)
             if admitted == ADMIT_CHUNK or (puller.buffer and len(self.window) < self.max_in_flight):
-                # More is ready: only let the acknowledgements in before the next chunk. Or drain
-                # just made room for deliveries that arrived while the window was full: with the
-                # source's backlog all delivered, no further arrival would wake the loop for them.
+                # More is ready (let only the acks in first), or drain made room for deliveries that
+                # came while the window was full: once the backlog is all delivered, nothing wakes us.
                 wait = 0.0
             if self.gap is not None:
                 first, last = self.gap
