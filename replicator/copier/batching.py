@@ -54,7 +54,8 @@ COMMIT_WAIT = 0.5  # the same while the source has more pending (a slow link, no
 COOL_DOWN = 10.0  # seconds of per-message writes after a chain break in a batch: doubled while breaks
 COOL_DOWN_MAX = 600.0  # recur (a busy fan-in), back to COOL_DOWN once a batch commits cleanly
 OUTSTANDING = 2  # flow-ack intervals in flight (ADR-50 suggests 1 to 3)
-BATCH_WINDOW = 4  # the ordered window on the batch path, in multiples of max_in_flight
+BATCH_WINDOW = 8  # the ordered window on the batch path, in multiples of max_in_flight (4 held a 50 ms
+# link's window full: 8,000 x 512 B took about 120 ms from send to flow ack)
 FALLBACK_CODES = frozenset({10205, 10206, 10207})  # disabled, pattern or id refused: no fast ingest here
 BATCH = "batch"
 MESSAGE = "message"

@@ -68,7 +68,7 @@ from replicator.transport.wire import RawMsg
 log = logging.getLogger(__name__)
 
 
-MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024
+MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024  # payload bytes in the window, and again asked for from the source
 ADMIT_CHUNK = 1000  # messages taken per turn of the loop: sends start (and acks come in) while the
 # rest of a full buffer is admitted, instead of after a whole window's worth of CPU
 SIZE_GUESS = 16 * 1024  # payload bytes assumed until messages arrive: a first request sized for small
@@ -182,13 +182,13 @@ class OrderedCopier:
         idle_checks = 0.0
         wait = 1.0
         while not self.stopper.stopping:
-            # Ask for up to a whole window beyond the window (the consumer's max_ack_pending), so
-            # the fetch round trip to the source overlaps the publish round trip to the target even
-            # on long links; but keep the bytes in flight well inside the client's outbound buffer,
-            # or large messages stall on forced flushes.
+            # Ask for up to a whole window beyond the window (the consumer's max_ack_pending), so the
+            # fetch round trip to the source overlaps the publish round trip to the target on long
+            # links. Asked-for and buffered bytes have a budget of their own, as the window has: one
+            # budget for both starved the source link of a window that had filled (50 ms links).
             room = 2 * self.max_in_flight - len(self.window)
             size = self.avg_size or SIZE_GUESS
-            if room > 0 and (len(self.window) + len(puller.buffer) + puller.requested) * size < MAX_BYTES_IN_FLIGHT:
+            if room > 0 and (len(puller.buffer) + puller.requested) * size < MAX_BYTES_IN_FLIGHT:
                 await puller.request(min(room, max(puller.batch, int(MAX_BYTES_IN_FLIGHT / size))))
             await wait_wake(self.wake, wait)
             if puller.last_status is not None:
