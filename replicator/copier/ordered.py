@@ -68,7 +68,7 @@ from replicator.transport.wire import RawMsg
 log = logging.getLogger(__name__)
 
 
-MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024  # payload bytes in the window, and again asked for from the source
+MAX_BYTES_IN_FLIGHT = 8 * 1024 * 1024  # payload bytes in the window, and again buffered or asked for
 ADMIT_CHUNK = 1000  # messages taken per turn of the loop: sends start (and acks come in) while the
 # rest of a full buffer is admitted, instead of after a whole window's worth of CPU
 SIZE_GUESS = 16 * 1024  # payload bytes assumed until messages arrive: a first request sized for small
@@ -197,7 +197,7 @@ class OrderedCopier:
                 if await self._consumer_trouble(status, text):
                     continue  # rebound: what was buffered is gone
             admitted = received_bytes = 0
-            limit = self.max_in_flight
+            limit = self._capacity()  # by bytes too: copies wait in the window while the target is slow
             while puller.buffer and len(self.window) < limit and self.gap is None and admitted < ADMIT_CHUNK:
                 msg = puller.buffer.popleft()
                 admit = self._admit(msg)
@@ -218,7 +218,7 @@ class OrderedCopier:
             await self.drain()
             wait = await self.writer.tick(idle=not self.unsent and not puller.buffer,
                                           nothing_to_follow=self.nothing_to_follow)
-            if admitted == ADMIT_CHUNK or (puller.buffer and len(self.window) < self.max_in_flight):
+            if admitted == ADMIT_CHUNK or (puller.buffer and len(self.window) < limit):
                 # More is ready (let only the acks in first), or drain made room for deliveries that
                 # came while the window was full: once the backlog is all delivered, nothing wakes us.
                 wait = 0.0

@@ -1,0 +1,60 @@
+"""What an ordered worker holds while its target does not answer: a window bounded by bytes as well
+as by count, and as much again buffered or asked for, read off the source consumer. Large messages
+behind a stalled target must not fill a window counted in messages (16,000 on the batch path)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from nats.aio.client import Client
+
+from replicator.demo.local_nats import LocalNatsServer
+from tests.copier.helpers import (
+    WRITE_PATHS,
+    InProcess,
+    indices,
+    make_stream,
+    make_target,
+    profile_for,
+    publish_many,
+    read_all,
+    topic_config,
+    wait_for_count,
+)
+
+SIZE = 16 * 1024
+CAPACITY = 8 * 1024 * 1024 // SIZE  # the window's byte budget in messages of SIZE (512)
+REQUEST = 500  # the least a pull request asks for (large messages)
+
+
+async def delivered_unacked(nc: Client) -> int:
+    (info,) = await nc.jetstream().consumers_info("FLEET")
+    return info.num_ack_pending or 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", WRITE_PATHS)
+async def test_a_stalled_target_holds_only_the_byte_budgets(
+    path: str, source_server: LocalNatsServer, target_server: LocalNatsServer, source_nc: Client, target_nc: Client,
+) -> None:
+    await make_stream(source_nc)
+    await make_target(target_nc, path)
+    await publish_many(source_nc, 10, size=SIZE)
+    async with InProcess(profile_for(topic_config(source_server.url, target_server.url))):
+        assert await wait_for_count(target_nc, "FLEET", 10) == 10
+        os.kill(target_server.process.pid, signal.SIGSTOP)
+        try:
+            await publish_many(source_nc, 3000, start=10, size=SIZE)  # 48 MB, none of it confirmed
+            peak = 0
+            for _ in range(15):  # well inside the publish timeout (5 s), after which recovery starts
+                peak = max(peak, await delivered_unacked(source_nc))
+                await asyncio.sleep(0.1)
+        finally:
+            os.kill(target_server.process.pid, signal.SIGCONT)
+        assert await wait_for_count(target_nc, "FLEET", 3010, timeout=60) == 3010
+    # The window (512) and what is buffered behind it (512, asked for in requests of at least 500).
+    assert CAPACITY <= peak <= 2 * CAPACITY + REQUEST, peak
+    assert indices(await read_all(target_nc, "FLEET")) == list(range(3010))
