@@ -12,7 +12,10 @@ import time
 import pytest
 from nats.aio.client import Client
 
+from replicator.copier.endpoints import PUBLISH_TIMEOUT
+from replicator.copier.ordered import MAX_BYTES_IN_FLIGHT
 from replicator.demo.local_nats import LocalNatsServer
+from replicator.transport.jetstream import PULL_BATCH
 from tests.copier.helpers import (
     WRITE_PATHS,
     InProcess,
@@ -27,8 +30,7 @@ from tests.copier.helpers import (
 )
 
 SIZE = 16 * 1024
-CAPACITY = 8 * 1024 * 1024 // SIZE  # the window's byte budget in messages of SIZE (512)
-REQUEST = 500  # the least a pull request asks for (large messages)
+CAPACITY = MAX_BYTES_IN_FLIGHT // SIZE  # the window's byte budget in messages of SIZE (512)
 
 
 async def delivered_unacked(nc: Client) -> int:
@@ -53,14 +55,15 @@ async def test_a_stalled_target_holds_only_the_byte_budgets(
         try:
             await publish_many(source_nc, 3000, start=10, size=SIZE)  # 48 MB, none of it confirmed
             peak = 0
-            while True:  # inside the publish timeout (5 s), after which the worker starts recovering
+            while True:  # inside the publish timeout, after which the worker starts recovering
                 peak = max(peak, await delivered_unacked(source_nc))
-                if time.monotonic() - stopped > 4.0:
+                if time.monotonic() - stopped > PUBLISH_TIMEOUT - 1.0:
                     break
                 await asyncio.sleep(0.1)
         finally:
             os.kill(pid, signal.SIGCONT)
         assert await wait_for_count(target_nc, "FLEET", 3010, timeout=60) == 3010
-    # The window (512) and what is buffered behind it (512, asked for in requests of at least 500).
-    assert CAPACITY <= peak <= 2 * CAPACITY + REQUEST, peak
+    # The window (512) and what is buffered behind it (512, asked for in requests of at least
+    # PULL_BATCH, 500).
+    assert CAPACITY <= peak <= 2 * CAPACITY + PULL_BATCH, peak
     assert indices(await read_all(target_nc, "FLEET")) == list(range(3010))
