@@ -26,6 +26,7 @@ from replicator.config.model import Config, HeartbeatsConfig, Profile, TopicConf
 from replicator.observe.gometrics import Sample
 from replicator.sampling.election import LeaderElection, election_bucket, election_key
 from replicator.transport.connections import connect
+from replicator.transport.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,7 @@ class Heartbeats:
                      len(self._tasks), " under leader election" if self.election else "")
             await self._stop.wait()
         finally:
-            for task in self._tasks:
-                task.cancel()
-            for task in self._tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(self._tasks)
             if self.election is not None:
                 with contextlib.suppress(Exception):
                     await self.election.stop()
@@ -123,7 +120,7 @@ class Heartbeats:
                     headers: dict[str, str]) -> None:
         # A splay, so a fleet of replicators started together does not beat in step.
         await asyncio.sleep(random.random() * min(interval, 5.0))
-        while True:
+        while not self._stop.is_set():
             if not self.paused:
                 started = time.monotonic()
                 try:

@@ -32,6 +32,7 @@ from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.keys import key_spec
 from replicator.sampling.state.protocol import StateStore
 from replicator.sampling.state.records import ANNOUNCED, Sender, scan_interval
+from replicator.transport.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -179,11 +180,7 @@ class Advisor:
 
     async def stop(self) -> None:
         self._active = False
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
     @property

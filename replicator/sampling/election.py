@@ -27,6 +27,7 @@ from replicator.config.model import Profile
 from replicator.observe.gometrics import Sample
 from replicator.observe.metrics import WorkerMetrics
 from replicator.transport.kv import EXPECT_LAST, WRONG_LAST_SEQUENCE, find_or_create_bucket
+from replicator.transport.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -145,7 +146,9 @@ class LeaderElection:
         its next campaign instead of after the TTL; `release=False` behaves like a crash."""
         task, self._task = self._task, None
         if task is not None:
-            await _cancelled(task)
+            await cancel_and_wait([task])
+            if not task.cancelled() and task.exception() is not None:
+                log.error("election loop failed", exc_info=task.exception())
         if self._leader and release:
             try:
                 await asyncio.wait_for(
@@ -293,13 +296,3 @@ class LeaderElection:
             except Exception:
                 log.exception("election %s: on_change callback failed", self.key)
 
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    """Cancel `task` and wait until it ends. Python 3.11's `wait_for` can swallow a cancellation
-    that arrives as its operation completes, and the campaign loop would then run on forever (a
-    stop that never returned): cancelled again until it is done."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=0.5)
-    if not task.cancelled() and task.exception() is not None:
-        log.error("election loop failed", exc_info=task.exception())

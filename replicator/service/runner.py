@@ -23,6 +23,7 @@ from replicator.sampling.election import LeaderElection
 from replicator.service.sampling_plane import SamplingPlane
 from replicator.transport.connections import ConnectError, connect, material_for
 from replicator.transport.streams import StreamSetupError, ensure_target_stream, find_source_stream
+from replicator.transport.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,9 +99,7 @@ class Replicator:
         try:
             await self._run_workers()
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel_and_wait([watcher])
             for w in self.workers:
                 for nc in (w.source, w.target):
                     if nc is not None and not nc.is_closed:
@@ -235,10 +234,10 @@ class Replicator:
             await asyncio.wait([lost, run], return_when=asyncio.FIRST_COMPLETED)
             if not run.done():
                 log.warning("%s lost leadership: stopping the copier at once", w.name)
-                run.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await run
+                await cancel_and_wait([run])
             lost.cancel()
+            if not run.cancelled():
+                run.result()
 
     async def _until_leader(self, election: LeaderElection) -> None:
         leader = asyncio.ensure_future(election.wait_leader())

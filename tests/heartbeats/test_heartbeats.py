@@ -5,6 +5,7 @@ each subject at its own interval; counted for the metrics."""
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 
@@ -77,3 +78,27 @@ async def test_a_heartbeat_that_cannot_be_stored_counts_an_error(source_server: 
         beats.stop()
         await asyncio.wait_for(task, 10)
     assert beats.errors["nowhere.beat"] >= 1 and beats.published["nowhere.beat"] == 0
+
+
+async def test_stop_returns_while_publishing_flat_out(source_server: LocalNatsServer, source_nc: Client) -> None:
+    """Stopped at random moments while 20 subjects publish every millisecond, so a cancellation
+    often lands as a publish ack arrives (Python 3.11's `wait_for` then loses it): every stop
+    returns. Before the fix about a third of such stops hung for ever."""
+    await source_nc.jetstream().add_stream(StreamConfig(name="MONITOR", subjects=["monitor.>"]))
+    config = parse_config({"name": "BUSY", "streams": [], "heartbeats": {
+        "url": source_server.url, "interval": "1ms",
+        "subjects": [{"subject": f"monitor.s{i}"} for i in range(20)]}}, "sr.yaml")
+    assert config.heartbeats is not None
+    rng = random.Random(7)
+    for _ in range(60):
+        beats = Heartbeats(config.heartbeats, heartbeat_profile(config, "BUSY"), "BUSY")
+        task = asyncio.ensure_future(beats.run())
+        for _ in range(1000):
+            if sum(beats.published.values()) >= 50 or task.done():
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(rng.random() * 0.02)
+        beats.stop()
+        done, _ = await asyncio.wait([task], timeout=5)
+        assert done, f"stop did not return after {sum(beats.published.values())} heartbeats"
+        task.result()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.state.protocol import Decide, Listener, Observation
 from replicator.sampling.state.records import PERSISTED, Sender, resolution, scan_interval, size32
 from replicator.sampling.state.table import SenderTable
+from replicator.transport.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,7 @@ class MemoryStore:
         self._tasks.append(asyncio.create_task(self._maintain(), name=f"{self.kind}-store"))
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
     async def _maintain(self) -> None:
