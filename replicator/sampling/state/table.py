@@ -8,12 +8,21 @@ from typing import Any
 
 from replicator.sampling.state.records import PERSISTED, Sender, size32
 
+GROWTH = 16  # columns grow by 1/16 of their rows (at least MIN_GROWTH), like array's own appends
+MIN_GROWTH = 256
+
 
 class SenderTable:
-    """Senders as parallel columns; a dict maps each value to its row. Freed rows are reused."""
+    """Senders as parallel columns; a dict maps each value to its row. Freed rows are reused.
+
+    Columns are grown ahead in zeroed blocks, so a new sender's row is a few stores into rows
+    that already exist: with a fleet where every sender is new, six appends a sender cost more
+    than the sampling decision itself. Rows past `rows` are spare and always zero.
+    """
 
     def __init__(self, extra: Iterable[tuple[str, str]] = ()) -> None:
         self.index: dict[str, int] = {}
+        self.rows = 0  # rows in use or freed; the columns may be longer
         self._free = array("q")
         self.first: array[float] = array("d")
         self.seen: array[float] = array("d")
@@ -70,9 +79,7 @@ class SenderTable:
                 for col in self._columns.values():
                     col[i] = 0
             else:
-                i = len(self.first)
-                for col in self._columns.values():
-                    col.append(0)
+                i = self._new_row()
             self.index[key] = i
         self.set(i, s)
         return i
@@ -82,17 +89,28 @@ class SenderTable:
         index = self.index
         if self._free or key in index:
             return self.put(key, Sender(first=now, seen=now, copied=now, size=size))
-        i = len(self.first)
-        self.first.append(now)
-        self.seen.append(now)
-        self.copied.append(now)
-        self.adv.append(0.0)
-        self.size.append(size if 0 <= size <= 0xFFFFFFFF else size32(size))
-        self.flags.append(0)
-        for col in self._extra:
-            col.append(0)
+        i = self.rows
+        if i == len(self.first):
+            self._grow()
+        self.rows = i + 1
+        self.first[i] = now  # adv, flags and the extra columns of a spare row are already 0
+        self.seen[i] = now
+        self.copied[i] = now
+        self.size[i] = size if 0 <= size <= 0xFFFFFFFF else size32(size)
         index[key] = i
         return i
+
+    def _new_row(self) -> int:
+        i = self.rows
+        if i == len(self.first):
+            self._grow()
+        self.rows = i + 1
+        return i
+
+    def _grow(self) -> None:
+        more = max(MIN_GROWTH, self.rows // GROWTH)
+        for col in self._columns.values():
+            col.frombytes(bytes(more * col.itemsize))
 
     def remove(self, key: str) -> bool:
         i = self.index.pop(key, None)
