@@ -34,6 +34,7 @@ class Decider(Protocol):
     wants_headers: bool  # the key or the update flag may come from a header
 
     def check(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending: ...
+    def for_deliveries(self) -> Callable[[RawMsg, list[str]], bool | Pending]: ...
     async def settle(self, pending: Pending) -> bool: ...
     def flush(self) -> None: ...
 
@@ -50,10 +51,7 @@ def verdict_for(ep: Endpoints) -> Verdict:
     if limiter is None and not max_age:
         return lambda _msg, _tokens: True
     if limiter is not None and not max_age:
-        check = limiter.check
-        if limiter.wants_headers:
-            return lambda msg, _tokens: check(msg.subject, msg.headers, msg.data)
-        return lambda msg, _tokens: check(msg.subject, None, msg.data)
+        return limiter.for_deliveries()
 
     oldest = float(max_age or 0)
 

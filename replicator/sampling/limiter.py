@@ -21,6 +21,7 @@ from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.keys import identifier, scalar_key, top_level_field
 from replicator.sampling.state.protocol import StateStore
 from replicator.sampling.state.records import Sender
+from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class Pending:
 
 
 Check = Callable[[str, Mapping[str, str] | None, bytes], bool | Pending]
+DeliveryCheck = Callable[[RawMsg, list[str]], bool | Pending]
 
 
 class Limiter:
@@ -90,6 +92,15 @@ class Limiter:
         # private to this process (memory, file) decides copies here too. Only the shared KV store
         # needs `settle` to claim a copy. Keyless messages are copied (and counted).
         self.check: Check = self._table_check() or self.check_general
+
+    def for_deliveries(self) -> DeliveryCheck:
+        """`check` for a delivery as the copy loops hold it (the ack subject's tokens unused):
+        compiled here with the delivery's class, so no interpreted frame runs between the copy
+        loop and the decision for every message."""
+        check = self.check
+        if self.wants_headers:
+            return lambda msg, _tokens: check(msg.subject, msg.headers, msg.data)
+        return lambda msg, _tokens: check(msg.subject, None, msg.data)
 
     def due(self, key: str, copied: float, last_size: int, now: float, size: int) -> bool:
         """The sampling rule for a known, live sender: its interval is over or its size moved."""
