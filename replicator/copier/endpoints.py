@@ -5,7 +5,7 @@ decisions every loop shares: first-start position, max_age and sampling verdicts
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,20 +26,17 @@ ACK_WAIT = 30.0
 POISON_ATTEMPTS = 5
 
 
+Verdict = Callable[[RawMsg, list[str]], "bool | Pending"]
+
+
 class Decider(Protocol):
-    """The limiter as the copy loops see it: `check` decides at once when it can (a skip, at fleet
-    rates, costs no await), else returns what `settle` needs to decide with the shared store;
-    `flush` publishes its counts, once per batch."""
+    """The limiter as the copy loops see it: the check from `for_deliveries` decides at once when it
+    can (a skip, at fleet rates, costs no await), else returns what `settle` needs to decide with
+    the shared store; `flush` publishes its counts, once per batch."""
 
-    wants_headers: bool  # the key or the update flag may come from a header
-
-    def check(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending: ...
-    def for_deliveries(self) -> Callable[[RawMsg, list[str]], bool | Pending]: ...
+    def for_deliveries(self) -> Verdict: ...
     async def settle(self, pending: Pending) -> bool: ...
     def flush(self) -> None: ...
-
-
-Verdict = Callable[[RawMsg, list[str]], "bool | Pending"]
 
 
 def verdict_for(ep: Endpoints) -> Verdict:
@@ -47,21 +44,17 @@ def verdict_for(ep: Endpoints) -> Verdict:
     only `settle` can tell. Synchronous, because at fleet rates most answers need no waiting; bound
     to one loop's settings once, because it runs for every delivery."""
     max_age = ep.profile.settings.max_age
-    limiter = ep.limiter
-    if limiter is None and not max_age:
-        return lambda _msg, _tokens: True
-    if limiter is not None and not max_age:
-        return limiter.for_deliveries()
+    sampled = ep.limiter.for_deliveries() if ep.limiter is not None else None
+    if not max_age:
+        return sampled or (lambda _msg, _tokens: True)
 
-    oldest = float(max_age or 0)
+    oldest = float(max_age)
 
     def verdict(msg: RawMsg, tokens: list[str]) -> bool | Pending:
         if time.time() - int(tokens[ACK_TIMESTAMP]) / 1e9 > oldest:
             ep.metrics.too_old_msgs.inc()
             return False
-        if limiter is None:
-            return True
-        return limiter.check(msg.subject, msg.headers if limiter.wants_headers else None, msg.data)
+        return True if sampled is None else sampled(msg, tokens)
 
     return verdict
 
