@@ -89,10 +89,7 @@ class SenderTable:
         index = self.index
         if self._free or key in index:
             return self.put(key, Sender(first=now, seen=now, copied=now, size=size))
-        i = self.rows
-        if i == len(self.first):
-            self._grow()
-        self.rows = i + 1
+        i = self._new_row()
         self.first[i] = now  # adv, flags and the extra columns of a spare row are already 0
         self.seen[i] = now
         self.copied[i] = now
