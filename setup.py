@@ -15,9 +15,11 @@ from pathlib import Path
 
 from setuptools import setup
 
-# The per-message work of a copy: the wire parser and the sampler's skip decision. Both stay
-# ordinary Python source as well, which is what runs wherever they are not compiled.
-HOT_MODULES = ["replicator/transport/wire.py", "replicator/sampling/limiter.py"]
+# The per-message work of a copy: the wire parser, the sampler's skip decision and the ordered
+# copier's runs of skips. All stay ordinary Python source as well, which is what runs wherever they
+# are not compiled.
+HOT_MODULES = ["replicator/transport/wire.py", "replicator/sampling/limiter.py",
+              "replicator/copier/admission.py"]
 SETTING = "STREAM_REPLICATOR_COMPILE"
 
 

@@ -17,9 +17,8 @@ from replicator.config.model import Profile
 from replicator.copier.provenance import stream_identity
 from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.limiter import Pending
-from replicator.transport.jetstream import ACK_TIMESTAMP
 from replicator.transport.streams import stream_created
-from replicator.transport.wire import RawMsg
+from replicator.transport.wire import ACK_TIMESTAMP, RawMsg
 
 PUBLISH_TIMEOUT = 5.0
 ACK_WAIT = 30.0

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicator.copier import durable
+from replicator.copier.admission import Run, take_skips
 from replicator.copier.batching import BATCH_WINDOW, BatchWriter, State, state
 from replicator.copier.control import Backoff, Stopper, then, wait_wake
 from replicator.copier.endpoints import (
@@ -36,9 +37,10 @@ from replicator.copier.endpoints import (
     start_position,
     verdict_for,
 )
+from replicator.copier.failure_log import FailureLog
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
-from replicator.copier.poison import StuckWatch, describe, give_up
+from replicator.copier.poison import StuckWatch, give_up
 from replicator.copier.position import (
     MAX_CLOCK_SKEW_NS,
     Resume,
@@ -51,19 +53,16 @@ from replicator.copier.transform import MessageTransform
 from replicator.copier.window import Entry, any_unsure, batch_failure, landed, reset, settled
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
-from replicator.transport.jetstream import (
+from replicator.transport.jetstream import Publisher, PublishError, Puller, ack
+from replicator.transport.wire import (
     ACK_CONSUMER_SEQ,
     ACK_DELIVERED,
     ACK_PENDING,
     ACK_STREAM_SEQ,
     ACK_TIMESTAMP,
-    Publisher,
-    PublishError,
-    Puller,
-    ack,
+    RawMsg,
     ack_tokens,
 )
-from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ class OrderedCopier:
         self.last_id: bytes | None = None  # Nats-Msg-Id of the last message published in the chain
         self.chain_open = False  # False: the next publish goes alone, without predecessor check
         self.backoff = Backoff()
-        self.blocked_since: float | None = None
+        self.failures = FailureLog(self.ep)
         self.stuck = StuckWatch(self.ep, self.ep.profile.durable_name)
         self.avg_size = 0.0  # payload bytes per message, learned as messages arrive (0: none yet)
         # Consumer (delivery) sequence of the last message delivered: deliveries count up by one, so
@@ -199,8 +198,15 @@ class OrderedCopier:
             admitted = received_bytes = 0
             limit = self._capacity()  # by bytes too: copies wait in the window while the target is slow
             while puller.buffer and len(self.window) < limit and self.gap is None and admitted < ADMIT_CHUNK:
-                msg = puller.buffer.popleft()
-                admit = self._admit(msg)
+                run = self._take_skips(puller.buffer, ADMIT_CHUNK - admitted)
+                admitted, received_bytes = admitted + run.skipped, received_bytes + run.skipped_bytes
+                if run.head is not None:
+                    msg, admit = run.head, self._decided(run.head, run.tokens, run.head_seq, run.verdict)
+                elif puller.buffer and not run.skipped:  # out of the consumer's sequence, or a redelivery
+                    msg = puller.buffer.popleft()
+                    admit = self._admit(msg)
+                else:
+                    continue
                 if admit is True or (admit is not False and await admit):
                     admitted += 1
                     received_bytes += len(msg.data)
@@ -233,10 +239,20 @@ class OrderedCopier:
                 idle_checks = now
                 await self._check_stalled(now)
 
+    def _take_skips(self, buffer: deque[RawMsg], most: int) -> Run:
+        """The deliveries sampled out at the buffer's front, in one compiled call (`admission.py`),
+        and the delivery after them if it was decided."""
+        floor = max(self.committed, self.window[-1].last_seq) if self.window else self.committed
+        run = take_skips(buffer, self.verdict, self.last_cseq, floor, most)
+        if run.lag is not None:
+            self.last_cseq, self.lag = run.last_cseq, run.lag
+        if run.skipped:
+            self._skip(run.seq, run.reply)
+        return run
+
     def _admit(self, msg: RawMsg) -> bool | Coroutine[Any, Any, bool]:
         """Put a delivered message in the window (and on its way to the target); False if a
-        redelivery. Synchronous for the commonest deliveries (a copy, a skip: no coroutine per
-        message at fleet rates); what has to wait comes back as a coroutine to await."""
+        redelivery or out of the consumer's sequence (which `take_skips` leaves to this)."""
         reply = msg.reply
         tokens = ack_tokens(reply)
         cseq = int(tokens[ACK_CONSUMER_SEQ])
@@ -254,9 +270,14 @@ class OrderedCopier:
                 return then(ack(self.ep.source_nc, reply, self.ep.metrics.acks_failed.inc), False)
             return False  # a redelivery of something done or already in the window
         self.lag = tokens[ACK_PENDING]
-        copy = self.verdict(msg, tokens)
+        return self._decided(msg, tokens, seq, self.verdict(msg, tokens))
+
+    def _decided(self, msg: RawMsg, tokens: list[str], seq: int,
+                 copy: bool | Pending) -> bool | Coroutine[Any, Any, bool]:
+        """Synchronous for the commonest deliveries (a copy, a skip: no coroutine per message at
+        fleet rates); what has to wait comes back as a coroutine to await."""
         if copy is False:
-            return self._skip(seq, reply)
+            return self._skip(seq, msg.reply)
         if copy is True:
             return self._place(msg, tokens, seq)
         return self._admit_settled(msg, tokens, seq, copy)
@@ -403,10 +424,7 @@ class OrderedCopier:
             observe_many(m.processing_time, [now - r for r in received])
             self.confirmed_target = ack_seq(last_ack) or self.confirmed_target
             self._count_copied(copied, copied_bytes)
-            if self.blocked_since is not None:
-                log.info("%s target accepts messages again", ep.worker)
-                self.blocked_since = None
-                m.target_blocked.set(0)
+            self.failures.landed()
         if self.stuck.since:
             await self.stuck.settled_upto(self.committed)
         if self.ack_due is not None:
@@ -454,7 +472,7 @@ class OrderedCopier:
         path = self.writer.path_failure(err)  # the target takes no batches: not the message's fault
         kind = Failure.TRANSIENT if path else classify(err)
         if not path:
-            self._note_failure(head, err, kind)
+            self.failures.failed(head.seq, head.attempts, err, kind)
         if kind is Failure.UNKNOWN:
             await self.stuck.failed(head.seq, err)
         # Let whatever is still in flight settle, so the target's state stops moving.
@@ -494,25 +512,6 @@ class OrderedCopier:
         first = self.window[0] if self.window else None
         if first is not None and not self.stopper.stopping:
             await self._send_alone(first)
-
-    def _note_failure(self, head: Entry, err: PublishError, kind: Failure) -> None:
-        ep, m = self.ep, self.ep.metrics
-        if kind is Failure.CHAIN:
-            m.chain_restarts.inc()
-            log.debug("%s chain broken at source sequence %d: %s", ep.worker, head.seq, err.description)
-            return
-        m.failed_msgs.inc()
-        if kind is Failure.BLOCKED:
-            if self.blocked_since is None:
-                self.blocked_since = time.monotonic()
-                m.target_blocked.set(1)
-                log.warning("%s target stream %s refuses messages (%s): backing off until there is room",
-                            ep.worker, ep.target_stream, err.description)
-        elif kind is Failure.PERMANENT:
-            log.debug("%s source sequence %d refused (attempt %d): %s", ep.worker, head.seq, head.attempts,
-                      describe(err))
-        else:
-            log.warning("%s publish of source sequence %d failed: %s", ep.worker, head.seq, describe(err))
 
     def _reset_window(self) -> None:
         self.unsent = reset(self.window)

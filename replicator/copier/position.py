@@ -30,7 +30,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from replicator.copier.provenance import CHORIA_SOURCE, PROVENANCE, Writer, parse_choria_source, parse_provenance
-from replicator.transport.jetstream import ACK_PENDING, ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens
+from replicator.transport.wire import ACK_PENDING, ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens
 
 log = logging.getLogger(__name__)
 

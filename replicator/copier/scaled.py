@@ -37,21 +37,23 @@ from replicator.copier.transform import MessageTransform
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import (
-    ACK_CONSUMER_SEQ,
-    ACK_DELIVERED,
-    ACK_PENDING,
-    ACK_STREAM_SEQ,
-    ACK_TIMESTAMP,
     Publisher,
     PublishError,
     Puller,
     ack,
     ack_many,
-    ack_tokens,
     nak,
     term,
 )
-from replicator.transport.wire import RawMsg
+from replicator.transport.wire import (
+    ACK_CONSUMER_SEQ,
+    ACK_DELIVERED,
+    ACK_PENDING,
+    ACK_STREAM_SEQ,
+    ACK_TIMESTAMP,
+    RawMsg,
+    ack_tokens,
+)
 
 log = logging.getLogger(__name__)
 

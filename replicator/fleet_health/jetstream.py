@@ -21,7 +21,8 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from replicator.fleet_health.connection import NatsConnection, connect
-from replicator.transport.jetstream import ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens, direct_subscribe
+from replicator.transport.jetstream import direct_subscribe
+from replicator.transport.wire import ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens
 
 # Pull-request statuses that end a `no_wait` request early: nothing more is stored after our position.
 _END_OF_DATA = frozenset({"404", "408"})

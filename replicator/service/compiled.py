@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 
 # The modules `setup.py` compiles (HOT_MODULES there, as paths; a test keeps the two lists equal).
-HOT_MODULES = ("replicator.transport.wire", "replicator.sampling.limiter")
+HOT_MODULES = ("replicator.transport.wire", "replicator.sampling.limiter", "replicator.copier.admission")
 
 
 def compiled_modules() -> list[str]:

@@ -80,28 +80,6 @@ class PublishError(Exception):
         self.status = status
 
 
-
-def ack_tokens(reply: str) -> list[str]:
-    """The tokens of a JetStream ack subject, unconverted, in v1's layout: index them with the
-    `ACK_*` constants and convert only what you use (the copy loops read every delivery's).
-
-    v1: `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`, as split;
-    v2: `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]`,
-    without its domain and hash.
-    """
-    tokens = reply.split(".")
-    n = len(tokens)
-    if n == 9:
-        return tokens
-    if n >= 11:
-        del tokens[2:4]
-        return tokens
-    raise ValueError(f"not a JetStream ack subject: {reply!r}")
-
-
-ACK_DELIVERED, ACK_STREAM_SEQ, ACK_CONSUMER_SEQ, ACK_TIMESTAMP, ACK_PENDING = 4, 5, 6, 7, 8
-
-
 PULL_BATCH = 500  # messages per pull request, unless configured: the least, for large messages
 PULL_BATCH_MAX = 10_000
 PULL_REQUEST_BYTES = 1024 * 1024  # unless configured, a request asks for about this much

@@ -40,6 +40,27 @@ _LARGE = 256 * 1024  # a message still incomplete by more than this is gathered 
 READ_SIZE = 1024 * 1024  # bytes a connection's read loop takes from its socket buffer per turn
 
 
+def ack_tokens(reply: str) -> list[str]:
+    """The tokens of a JetStream ack subject, unconverted, in v1's layout: index them with the
+    `ACK_*` constants and convert only what you use (the copy loops read every delivery's).
+
+    v1: `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`, as split;
+    v2: `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]`,
+    without its domain and hash.
+    """
+    tokens = reply.split(".")
+    n = len(tokens)
+    if n == 9:
+        return tokens
+    if n >= 11:
+        del tokens[2:4]
+        return tokens
+    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+
+
+ACK_DELIVERED, ACK_STREAM_SEQ, ACK_CONSUMER_SEQ, ACK_TIMESTAMP, ACK_PENDING = 4, 5, 6, 7, 8
+
+
 class RawMsg:
     """A delivered message as it came off the wire: what the copy loops need, nothing parsed.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replicator.transport.jetstream import (
+from replicator.transport.wire import (
     ACK_CONSUMER_SEQ,
     ACK_DELIVERED,
     ACK_PENDING,
