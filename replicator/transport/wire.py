@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 RawHandler = Callable[[str, str, "bytes | None", bytes], None]  # subject, reply, header block, payload
 BatchHandler = Callable[[list["RawMsg"]], None]  # the messages of one read, in order
 
-_LARGE = 256 * 1024  # a message still incomplete by more than this is gathered in chunks
 READ_SIZE = 1024 * 1024  # bytes a connection's read loop takes from its socket buffer per turn
 
 
@@ -118,8 +117,9 @@ class RawParser(Parser):
         self._have = 0
         self._need = 0
 
-    def _adopt(self) -> None:
-        """Continue exactly where nats-py's parser stopped (it may be inside a message)."""
+    def _adopt(self) -> bytes:
+        """What nats-py's parser left unparsed, to continue exactly where it stopped (it may be
+        inside a message)."""
         prev, self._previous = self._previous, None
         assert prev is not None
         pending = bytes(prev.buf)
@@ -131,22 +131,39 @@ class RawParser(Parser):
             else:
                 line = b"MSG %s %d %s %d\r\n" % (subject, sid, reply, prev.needed)
             pending = line + pending
-        self._pending = pending
+        return pending
 
     async def parse(self, data: bytes = b"") -> None:
+        # A message cut by the end of a read is completed alone: joining what was left to the whole
+        # next read copied every read once more (at 16 KB, a message's worth of copying per message).
+        data = bytes(data)
+        start = 0
         if self._previous is not None:
-            self._adopt()
+            data = self._adopt() + data
+        elif self._pending:  # a control line cut short: completed from this read's first line
+            end = data.find(b"\n")
+            if end < 0:
+                data, self._pending = self._pending + data, b""
+            else:
+                line, self._pending = self._pending + data[:end + 1], b""
+                start = end + 1
+                await self._scan(line, 0)
         if self._need:
-            self._chunks.append(data)
-            self._have += len(data)
-            if self._have < self._need:
+            missing = self._need - self._have
+            if len(data) - start < missing:
+                self._chunks.append(data[start:])
+                self._have += len(data) - start
                 return
-            buf = b"".join(self._chunks)
+            self._chunks.append(data[start:start + missing])
+            whole = b"".join(self._chunks)
             self._chunks, self._have, self._need = [], 0, 0
-        else:
-            buf = self._pending + data if self._pending else bytes(data)
-            self._pending = b""
-        pos = 0
+            start += missing
+            await self._scan(whole, 0)
+        if start < len(data):
+            await self._scan(data, start)
+
+    async def _scan(self, buf: bytes, pos: int) -> None:
+        """The messages in `buf` from `pos`; an incomplete one at its end is kept for the next read."""
         size = len(buf)
         handlers = self._by_sid
         batched = self._batched
@@ -180,9 +197,8 @@ class RawParser(Parser):
             start = end + 2
             stop = start + total
             if stop + 2 > size:  # the rest of this message is still on its way
-                if stop + 2 - size > _LARGE:
-                    self._chunks, self._have, self._need = [buf[pos:]], size - pos, stop + 2 - pos
-                    pos = size
+                self._chunks, self._have, self._need = [buf[pos:]], size - pos, stop + 2 - pos
+                pos = size
                 break
             if nargs == 3:
                 subject_b, sid_b, reply = args[0], args[1], b""

@@ -114,3 +114,49 @@ async def test_batched_subscription_gets_a_list_per_read(target_nc: Client) -> N
     alone = [batch for batch in lists if any(not m.reply for m in batch)]
     assert len(alone) == 1 and len(alone[0]) == 1 and alone[0][0].data == b"1000"
     assert len(lists) < 2_000 / 2  # whole reads, not a call per message
+
+
+def _frames(sid: int) -> tuple[bytes, list[Raw]]:
+    """A read stream of messages with and without headers, an empty one and a PING among them."""
+    hdr = b"NATS/1.0\r\nA: 1\r\n\r\n"
+    wire = (b"MSG cut.a %d $JS.ACK.S.c.1.1.1.0.0 5\r\nhello\r\n" % sid
+            + b"HMSG cut.b %d r.2 %d %d\r\n%sabc\r\n" % (sid, len(hdr), len(hdr) + 3, hdr)
+            + b"PING\r\n"
+            + b"MSG cut.c %d r.3 0\r\n\r\n" % sid
+            + b"HMSG cut.d %d r.4 %d %d\r\n%s\r\n" % (sid, len(hdr), len(hdr), hdr))
+    want: list[Raw] = [("cut.a", "$JS.ACK.S.c.1.1.1.0.0", None, b"hello"), ("cut.b", "r.2", hdr, b"abc"),
+                       ("cut.c", "r.3", None, b""), ("cut.d", "r.4", hdr, b"")]
+    return wire, want
+
+
+async def _parsed(nc: Client, sid: int, pieces: list[bytes], batched: bool = False) -> list[Raw]:
+    """What a fresh raw parser delivers for `pieces`, each one read."""
+    got: list[Raw] = []
+    raw = RawParser(nc)
+    if batched:
+        raw.register_batches(sid, lambda msgs: got.extend((m.subject, m.reply, m.hdr, m.data) for m in msgs))
+    else:
+        raw.register(sid, lambda *m: got.append(m))
+    for piece in pieces:
+        await raw.parse(piece)
+    return got
+
+
+@pytest.mark.timeout(120)
+async def test_messages_cut_anywhere_by_the_reads(target_nc: Client) -> None:
+    """Every way two read boundaries can fall (in a control line, a header block, a payload, at a
+    frame's edge) delivers the same messages, once each and in order, to both kinds of raw
+    subscription; and a large message cut into many reads arrives whole."""
+    sub = await target_nc.subscribe("cut.>")
+    await target_nc.flush()
+    wire, want = _frames(sub._id)
+    for batched in (False, True):
+        for first in range(1, len(wire)):
+            for second in range(first, len(wire), 7 if batched else 3):
+                pieces = [wire[:first], wire[first:second], wire[second:]]
+                assert await _parsed(target_nc, sub._id, pieces, batched) == want, (first, second)
+    big = bytes(range(256)) * 1200
+    stream = b"MSG cut.big %d r.9 %d\r\n%s\r\n" % (sub._id, len(big), big) + wire
+    for step in (1000, 65_536, len(stream) - len(wire) - 1):
+        pieces = [stream[at:at + step] for at in range(0, len(stream), step)]
+        assert await _parsed(target_nc, sub._id, pieces) == [("cut.big", "r.9", None, big), *want], step
