@@ -38,10 +38,8 @@ class SenderTable:
             "size": self.size,
             "flags": self.flags,
         }
-        self._extra: list[array[Any]] = []
         for name, code in extra:
             self._columns[name] = array(code)
-            self._extra.append(self._columns[name])
 
     def column(self, name: str) -> array[Any]:
         return self._columns[name]
