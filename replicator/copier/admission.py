@@ -20,10 +20,10 @@ from replicator.transport.wire import ACK_CONSUMER_SEQ, ACK_PENDING, ACK_STREAM_
 class Run:
     """What `take_skips` did, for the copier to apply once per run."""
 
-    def __init__(self, last_cseq: int) -> None:
+    def __init__(self) -> None:
         self.skipped = 0  # deliveries skipped, taken off the buffer
         self.skipped_bytes = 0
-        self.last_cseq = last_cseq  # consumer sequence of the last delivery taken
+        self.last_cseq = 0  # consumer sequence of the last delivery taken
         self.seq = 0  # stream sequence of the last one skipped (0: none), and its ack subject
         self.reply = ""
         self.lag: str | None = None  # pending count of the last delivery taken (None: none taken)
@@ -43,8 +43,9 @@ def take_skips(buffer: deque[RawMsg], verdict: DeliveryCheck, last_cseq: int, fl
     consumer (`last_cseq` + 1), newer than `floor` (the highest stream sequence the copier holds)
     and sampled out. A delivery that fails either test stays in the buffer for the copier's own
     path; one whose verdict is a copy or `Pending` is taken and handed back as `head`."""
-    run = Run(last_cseq)
+    run = Run()
     skipped = skipped_bytes = 0
+    lag: str | None = None
     while buffer and skipped < most:
         msg = buffer[0]
         cseq, seq, tokens = _sequences(msg.reply)
@@ -52,7 +53,7 @@ def take_skips(buffer: deque[RawMsg], verdict: DeliveryCheck, last_cseq: int, fl
             break
         buffer.popleft()
         last_cseq = cseq
-        run.lag = tokens[ACK_PENDING]
+        lag = tokens[ACK_PENDING]
         copy = verdict(msg, tokens)
         if copy is False:
             skipped += 1
@@ -63,7 +64,7 @@ def take_skips(buffer: deque[RawMsg], verdict: DeliveryCheck, last_cseq: int, fl
             continue
         run.head, run.tokens, run.head_seq, run.verdict = msg, tokens, seq, copy
         break
-    run.skipped, run.skipped_bytes, run.last_cseq = skipped, skipped_bytes, last_cseq
+    run.skipped, run.skipped_bytes, run.last_cseq, run.lag = skipped, skipped_bytes, last_cseq, lag
     return run
 
 
