@@ -54,7 +54,7 @@ def take_skips(buffer: deque[RawMsg], verdict: DeliveryCheck, last_cseq: int, fl
         buffer.popleft()
         last_cseq = cseq
         lag = tokens[ACK_PENDING]
-        copy = verdict(msg, tokens)
+        copy = verdict(msg, tokens, seq)
         if copy is False:
             skipped += 1
             skipped_bytes += len(msg.data)

@@ -25,7 +25,7 @@ ACK_WAIT = 30.0
 POISON_ATTEMPTS = 5
 
 
-Verdict = Callable[[RawMsg, list[str]], "bool | Pending"]
+Verdict = Callable[[RawMsg, list[str], int], "bool | Pending"]
 
 
 class Decider(Protocol):
@@ -45,15 +45,15 @@ def verdict_for(ep: Endpoints) -> Verdict:
     max_age = ep.profile.settings.max_age
     sampled = ep.limiter.for_deliveries() if ep.limiter is not None else None
     if not max_age:
-        return sampled or (lambda _msg, _tokens: True)
+        return sampled or (lambda _msg, _tokens, _seq: True)
 
     oldest = float(max_age)
 
-    def verdict(msg: RawMsg, tokens: list[str]) -> bool | Pending:
+    def verdict(msg: RawMsg, tokens: list[str], seq: int) -> bool | Pending:
         if time.time() - int(tokens[ACK_TIMESTAMP]) / 1e9 > oldest:
             ep.metrics.too_old_msgs.inc()
             return False
-        return True if sampled is None else sampled(msg, tokens)
+        return True if sampled is None else sampled(msg, tokens, seq)
 
     return verdict
 

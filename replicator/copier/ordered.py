@@ -270,7 +270,7 @@ class OrderedCopier:
                 return then(ack(self.ep.source_nc, reply, self.ep.metrics.acks_failed.inc), False)
             return False  # a redelivery of something done or already in the window
         self.lag = tokens[ACK_PENDING]
-        return self._decided(msg, tokens, seq, self.verdict(msg, tokens))
+        return self._decided(msg, tokens, seq, self.verdict(msg, tokens, seq))
 
     def _decided(self, msg: RawMsg, tokens: list[str], seq: int,
                  copy: bool | Pending) -> bool | Coroutine[Any, Any, bool]:

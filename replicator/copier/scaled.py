@@ -222,7 +222,7 @@ class ScaledWorker:
         self.last_cseq = cseq
         seq = int(tokens[ACK_STREAM_SEQ])
         self.lag, self.last_seq = tokens[ACK_PENDING], seq
-        copy = self.verdict(msg, tokens)
+        copy = self.verdict(msg, tokens, seq)
         if isinstance(copy, Pending):
             copy = await settle(ep, copy)
         if not copy:

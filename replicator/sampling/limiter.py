@@ -13,6 +13,7 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from orjson import loads as orjson_loads
 
@@ -44,10 +45,19 @@ class Pending:
     now: float
     size: int
     forced: bool
+    seq: int = 0
 
 
-Check = Callable[[str, Mapping[str, str] | None, bytes], bool | Pending]
-DeliveryCheck = Callable[[RawMsg, list[str]], bool | Pending]
+class Check(Protocol):
+    """The decision for a message; `seq` is its source stream sequence (0: unknown), which the
+    copy loops always give: a sender's claim by this very message is a copy that never landed."""
+
+    def __call__(self, subject: str, headers: Mapping[str, str] | None, payload: bytes,
+                 seq: int = 0) -> bool | Pending: ...
+
+
+DeliveryCheck = Callable[[RawMsg, list[str], int], bool | Pending]
+"""`Check` for a delivery as the copy loops hold it: the message, its ack tokens, its stream sequence."""
 
 
 class Limiter:
@@ -99,8 +109,8 @@ class Limiter:
         loop and the decision for every message."""
         check = self.check
         if self.wants_headers:
-            return lambda msg, _tokens: check(msg.subject, msg.headers, msg.data)
-        return lambda msg, _tokens: check(msg.subject, None, msg.data)
+            return lambda msg, _tokens, seq: check(msg.subject, msg.headers, msg.data, seq)
+        return lambda msg, _tokens, seq: check(msg.subject, None, msg.data, seq)
 
     def due(self, key: str, copied: float, last_size: int, now: float, size: int) -> bool:
         """The sampling rule for a known, live sender: its interval is over or its size moved."""
@@ -115,17 +125,20 @@ class Limiter:
             return True
         return self.due(key, sender.copied, sender.size, now, size)
 
-    def check_general(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending:
+    def check_general(self, subject: str, headers: Mapping[str, str] | None, payload: bytes,
+                      seq: int = 0) -> bool | Pending:
         """`check` for any setting and any store."""
         try:
             key, forced = self.identify(subject, headers, payload)
         except Exception:  # a sampling bug must not stop replication
             log.exception("sampling key extraction failed on %s", subject)
             key, forced = None, False
-        return self.check_key(key, forced, len(payload))
+        return self.check_key(key, forced, len(payload), seq)
 
-    def check_key(self, key: str | None, forced: bool, size: int) -> bool | Pending:
-        """The decision for a message whose key (None: it has none) is known."""
+    def check_key(self, key: str | None, forced: bool, size: int, seq: int = 0) -> bool | Pending:
+        """The decision for a message whose key (None: it has none) is known. A message that
+        claimed its sender's last copy (`src`) is copied whenever it comes again: it is delivered
+        again only because that copy was never confirmed."""
         if key is None:
             self.metrics.limiter_errors.inc()
             return True
@@ -136,16 +149,16 @@ class Limiter:
         i = store.live_slot(key, now)
         if i is None:
             if not store.local:
-                return Pending(key, now, size, forced)
-            return self._copy_new(key, now, size)
+                return Pending(key, now, size, forced, seq)
+            return self._copy_new(key, now, size, seq)
         t = store.table
         copied = t.copied[i]
         # `due` is false without a call for the commonest message: copied recently, no size trigger.
-        if forced or ((now - copied >= self.surely_not_due or self.size_trigger)
-                      and self.due(key, copied, t.size[i], now, size)):
+        if forced or (seq and t.src[i] == seq) or ((now - copied >= self.surely_not_due or self.size_trigger)
+                                                   and self.due(key, copied, t.size[i], now, size)):
             if not store.local:
-                return Pending(key, now, size, forced)
-            store.copied_now(key, i, now, size)
+                return Pending(key, now, size, forced, seq)
+            store.copied_now(key, i, now, size, seq)
             self.unflushed_passed += 1
             return True
         store.touch(key, i, now)
@@ -153,10 +166,10 @@ class Limiter:
         self.unflushed_skipped_bytes += size
         return False
 
-    def _copy_new(self, key: str, now: float, size: int) -> bool:
+    def _copy_new(self, key: str, now: float, size: int, seq: int) -> bool:
         """A new sender (or a new life of a forgotten one) in a store private to this process:
         recorded and copied."""
-        self.store.insert(key, now, size)
+        self.store.insert(key, now, size, seq)
         self.unflushed_passed += 1
         if self.on_new is not None:
             self._announce(key)
@@ -174,42 +187,44 @@ class Limiter:
         if field is None or self.size_trigger or not store.skips_from_table:
             return None
         table = store.table
-        index_get, seen, copied, adv = table.index.get, table.seen, table.copied, table.adv
+        index_get, seen, copied, adv, src = table.index.get, table.seen, table.copied, table.adv, table.src
         age, surely_not_due, clock, check_key = self.age, self.surely_not_due, self.clock, self.check_key
         copy_new = self._copy_new
 
-        def check(subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool | Pending:
+        def check(subject: str, headers: Mapping[str, str] | None, payload: bytes, seq: int = 0) -> bool | Pending:
             try:
                 doc = orjson_loads(payload)
             except (ValueError, RecursionError):  # not JSON: keyless, copied and counted
-                return check_key(None, False, len(payload))
+                return check_key(None, False, len(payload), seq)
             value = doc.get(field) if type(doc) is dict else None
             if type(value) is not str or not value:
-                return check_key(scalar_key(value), False, len(payload))
+                return check_key(scalar_key(value), False, len(payload), seq)
             i = index_get(value)
             now = clock()
             if i is None:
-                return copy_new(value, now, len(payload))
+                return copy_new(value, now, len(payload), seq)
             last = seen[i]
-            if now - last < age and now - copied[i] < surely_not_due and not adv[i]:
+            if now - last < age and now - copied[i] < surely_not_due and not adv[i] and (src[i] != seq or not seq):
                 if now > last:
                     seen[i] = now
                 self.unflushed_skipped += 1
                 self.unflushed_skipped_bytes += len(payload)
                 return False
-            return check_key(value, False, len(payload))
+            return check_key(value, False, len(payload), seq)
 
         return check
 
     async def settle(self, pending: Pending) -> bool:
         """Ask the store, which settles races between workers (and, on KV, between processes)."""
-        key, now, size, forced = pending.key, pending.now, pending.size, pending.forced
+        key, now, size, forced, seq = pending.key, pending.now, pending.size, pending.forced, pending.seq
 
         def decide(sender: Sender | None) -> bool:
+            if seq and sender is not None and sender.src == seq:
+                return True  # this message claimed the copy before, which never landed
             return self.decide(key, sender, now, size, forced)
 
         try:
-            result = await self.store.observe(key, now, size, decide)
+            result = await self.store.observe(key, now, size, decide, seq)
         except Exception:  # stores fail open themselves; this is the last line of defence
             log.exception("limiter state store failed for %r: copying", key)
             self.metrics.limiter_state_errors.inc()
@@ -245,9 +260,10 @@ class Limiter:
             self.metrics.limiter_forced.inc(self.unflushed_forced)
             self.unflushed_forced = 0
 
-    async def should_copy(self, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> bool:
+    async def should_copy(self, subject: str, headers: Mapping[str, str] | None, payload: bytes,
+                          seq: int = 0) -> bool:
         """True: copy it. False: skip it (the copier acks it on the source). Never raises for bad input."""
-        verdict = self.check(subject, headers, payload)
+        verdict = self.check(subject, headers, payload, seq)
         if isinstance(verdict, Pending):
             verdict = await self.settle(verdict)
         self.flush()

@@ -17,7 +17,7 @@ def delivery(sseq: int, cseq: int, pending: int = 0, delivered: int = 1, data: b
     return RawMsg("fleet.a", ack_subject(sseq, cseq, pending, delivered), None, data)
 
 
-def skip_all(_msg: RawMsg, _tokens: list[str]) -> bool | Pending:
+def skip_all(_msg: RawMsg, _tokens: list[str], _seq: int) -> bool | Pending:
     return False
 
 
@@ -34,8 +34,9 @@ def test_the_first_copy_ends_the_run_and_comes_back_decided() -> None:
     copy_at = 103
     buffer = deque(delivery(100 + i, 1 + i) for i in range(6))
 
-    def verdict(msg: RawMsg, tokens: list[str]) -> bool | Pending:
-        return int(tokens[5]) == copy_at
+    def verdict(msg: RawMsg, tokens: list[str], seq: int) -> bool | Pending:
+        assert seq == int(tokens[5])
+        return seq == copy_at
 
     run = take_skips(buffer, verdict, 0, 99, 1000)
     assert run.skipped == 3 and run.seq == 102
@@ -46,15 +47,15 @@ def test_the_first_copy_ends_the_run_and_comes_back_decided() -> None:
 
 def test_a_decision_to_settle_comes_back_as_it_is() -> None:
     pending = Pending("node1", 0.0, 10, False)
-    run = take_skips(deque([delivery(5, 1)]), lambda _m, _t: pending, 0, 4, 1000)
+    run = take_skips(deque([delivery(5, 1)]), lambda _m, _t, _s: pending, 0, 4, 1000)
     assert run.head is not None and run.verdict is pending and run.skipped == 0
 
 
 def test_a_gap_a_redelivery_and_a_foreign_reply_stay_for_the_copier() -> None:
     asked: list[int] = []
 
-    def verdict(msg: RawMsg, tokens: list[str]) -> bool | Pending:
-        asked.append(int(tokens[5]))
+    def verdict(msg: RawMsg, tokens: list[str], seq: int) -> bool | Pending:
+        asked.append(seq)
         return False
 
     gap = deque([delivery(10, 1), delivery(11, 3)])  # consumer sequence 2 never arrived

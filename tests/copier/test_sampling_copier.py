@@ -7,6 +7,7 @@ import json
 from collections import Counter
 
 import pytest
+from nats.js.api import DiscardPolicy
 
 from tests.copier.helpers import (
     WRITE_PATHS,
@@ -72,9 +73,10 @@ async def _acked(nc, durable: str = "sr") -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("state", ["memory", "kv"])
 @pytest.mark.parametrize("path", WRITE_PATHS)
 async def test_kill_9_of_a_sampling_copier_loses_duplicates_and_reorders_nothing(
-        tmp_path, source_server, target_server, source_nc, target_nc, path):
+        tmp_path, source_server, target_server, source_nc, target_nc, path, state):
     """A sampled backlog (every sender five times, so runs of skips between copies) is copied by
     workers killed with SIGKILL as the source's ack floor passes 15%, 35%, 55% and 75%, on both
     write paths: everything ends acknowledged, every sender has a copy on the target (a restarted
@@ -85,7 +87,8 @@ async def test_kill_9_of_a_sampling_copier_loses_duplicates_and_reorders_nothing
     await make_target(target_nc, path)
     total = await publish_rounds(source_nc, senders, rounds)
     config = write_config(tmp_path / "sr.yaml", topic_config(source_server.url, target_server.url,
-                                                             inspect="sender", age="1h"))
+                                                             inspect="sender", age="1h",
+                                                             limiter_state=state))
     log = tmp_path / "worker.log"
     for share in (0.15, 0.35, 0.55, 0.75):
         proc = spawn(config, log_path=log)
@@ -110,6 +113,33 @@ async def test_kill_9_of_a_sampling_copier_loses_duplicates_and_reorders_nothing
     assert len(copied) == senders, f"{senders - len(copied)} senders were skipped without a copy"
     seqs = source_seqs(msgs)
     assert seqs == sorted(set(seqs)), "a source message was copied twice, or out of order"
+
+
+@pytest.mark.parametrize("mode", ["ordered", "scaled"])
+async def test_copies_refused_by_a_full_target_land_once_it_has_room(source_server, target_server, source_nc,
+                                                                    target_nc, mode):
+    """A target that refuses copies (full, discard new) makes them fail after the limiter recorded
+    its senders as copied: the scaled copier naks them and samples the redeliveries again, the
+    ordered one retries its window. Either way, once the target has room every sender lands."""
+    senders = 200
+    await make_stream(source_nc)
+    await make_target(target_nc, "message", max_msgs=50, discard=DiscardPolicy.NEW)
+    scaled = {"name": None, "workers": 2, "queue_group": "fleet_grp"} if mode == "scaled" else {}
+    profile = profile_for(topic_config(source_server.url, target_server.url, inspect="sender", age="1h",
+                                       **scaled))
+    async with InProcess(profile):
+        await publish_rounds(source_nc, senders, 3)
+        assert await wait_for_count(target_nc, "FLEET", 50) == 50
+        await asyncio.sleep(2.0)  # refused copies meet the full target again and again
+        info = await target_nc.jetstream().stream_info("FLEET")
+        info.config.max_msgs = -1
+        await target_nc.jetstream().update_stream(info.config)
+        await wait_for_count(target_nc, "FLEET", senders, timeout=30)
+        await asyncio.sleep(1.0)
+    msgs = await read_all(target_nc, "FLEET")
+    copied = Counter(json.loads(m.data)["sender"] for m in msgs)
+    assert len(copied) == senders, f"{senders - len(copied)} senders were skipped without a copy"
+    assert set(copied.values()) == {1}, copied.most_common(3)
 
 
 @pytest.mark.slow

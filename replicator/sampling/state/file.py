@@ -38,9 +38,10 @@ def load_state_file(path: Path) -> dict[str, Sender]:
         raise ValueError(f"{path} is not a {FILE_FORMAT} file")
     out: dict[str, Sender] = {}
     for key, row in doc["senders"].items():
-        first, seen, copied, size, adv, flags = row
+        first, seen, copied, size, adv, flags, *rest = row  # `src`, the 7th, came later
+        src = int(rest[0]) if rest else 0
         out[key] = Sender(
-            float(first), float(seen), float(copied), int(size), float(adv), int(flags) & PERSISTED
+            float(first), float(seen), float(copied), int(size), float(adv), int(flags) & PERSISTED, src
         )
     return out
 

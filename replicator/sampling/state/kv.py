@@ -208,7 +208,7 @@ class KVStore(MemoryStore):
             return
         if rev <= self.rev[i]:
             return
-        local_seen, local_copied, local_size = t.seen[i], t.copied[i], t.size[i]
+        local_seen, local_copied, local_size, local_src = t.seen[i], t.copied[i], t.size[i], t.src[i]
         dirty = t.flags[i] & _DIRTY
         t.set(i, rec, keep_flags=_LOCAL_NEWER | _DIRTY)
         self.rev[i] = rev
@@ -220,6 +220,7 @@ class KVStore(MemoryStore):
         if dirty and local_copied > rec.copied:
             t.copied[i] = local_copied
             t.size[i] = local_size
+            t.src[i] = local_src
         merged = t.sender_at(i)
         if self._loaded.is_set() and self._worth_a_look(merged):
             self._notify(key)
@@ -312,16 +313,16 @@ class KVStore(MemoryStore):
             self._wake.set()
             self._notify(key)
 
-    def _record_locally(self, key: str, current: Sender | None, now: float, size: int) -> None:
+    def _record_locally(self, key: str, current: Sender | None, now: float, size: int, src: int) -> None:
         """A copy decided without the KV: remembered here, written back when it answers."""
         if current is None:
-            i = self.insert(key, now, size)
+            i = self.insert(key, now, size, src)
         else:
-            i = self.table.put(key, replace(current, seen=max(current.seen, now), copied=now, size=size))
+            i = self.table.put(key, replace(current, seen=max(current.seen, now), copied=now, size=size, src=src))
         self.table.flags[i] |= _DIRTY
         self._dirty.add(key)
 
-    async def observe(self, key: str, now: float, size: int, decide: Decide) -> Observation:
+    async def observe(self, key: str, now: float, size: int, decide: Decide, src: int = 0) -> Observation:
         while (claim := self._claims.get(key)) is not None:
             await asyncio.shield(claim)  # another worker here is claiming this sender: use its result
         current, rev = self._cached(key)
@@ -334,18 +335,19 @@ class KVStore(MemoryStore):
             return Observation(False, False)
         if self.degraded:
             self.metrics.limiter_state_errors.inc()
-            self._record_locally(key, current, now, size)
+            self._record_locally(key, current, now, size, src)
             return Observation(True, current is None)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._claims[key] = future
         try:
-            return await self._claim(key, now, size, decide, rev)
+            return await self._claim(key, now, size, decide, rev, src)
         finally:
             del self._claims[key]
             future.set_result(None)
 
-    async def _claim(self, key: str, now: float, size: int, decide: Decide, rev: int) -> Observation:
-        """Compare-and-set the copy into the KV; a lost race re-decides on the winner's record."""
+    async def _claim(self, key: str, now: float, size: int, decide: Decide, rev: int, src: int) -> Observation:
+        """Compare-and-set the copy, claimed by source sequence `src`, into the KV; a lost race
+        re-decides on the winner's record."""
         current = self._cached(key)[0]
         for attempt in range(5):
             fresh = current is None or now - current.seen >= self.age
@@ -355,9 +357,9 @@ class KVStore(MemoryStore):
                     self.touch(key, i, now)
                 return Observation(False, False)
             if fresh or current is None:
-                record = Sender(first=now, seen=now, copied=now, size=size)
+                record = Sender(first=now, seen=now, copied=now, size=size, src=src)
             else:
-                record = replace(current, seen=max(current.seen, now), copied=now, size=size)
+                record = replace(current, seen=max(current.seen, now), copied=now, size=size, src=src)
             try:
                 new_rev = await self._write(key, record, rev)
             except _WrongRevision:
@@ -365,12 +367,12 @@ class KVStore(MemoryStore):
                     current, rev = await self._fetch(key)
                 except Exception as err:
                     self._fail(err)
-                    self._record_locally(key, None if fresh else current, now, size)
+                    self._record_locally(key, None if fresh else current, now, size, src)
                     return Observation(True, fresh)
                 continue
             except Exception as err:
                 self._fail(err)
-                self._record_locally(key, None if fresh else current, now, size)
+                self._record_locally(key, None if fresh else current, now, size, src)
                 return Observation(True, fresh)
             self._written(key, record, new_rev)
             if fresh:

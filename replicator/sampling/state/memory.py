@@ -121,30 +121,32 @@ class MemoryStore:
         if t.adv[i] > 0 and self._listeners:
             self._notify(key)  # timed out before: the advisor owes a `recover`
 
-    def insert(self, key: str, now: float, size: int) -> int:
+    def insert(self, key: str, now: float, size: int, src: int = 0) -> int:
         """A new sender (or a new life of a forgotten one), copied now: its row."""
-        i = self.table.add(key, now, size)
+        i = self.table.add(key, now, size, src)
         if self._listeners:
             self._notify(key)
         return i
 
-    def copied_now(self, key: str, i: int, now: float, size: int) -> None:
+    def copied_now(self, key: str, i: int, now: float, size: int, src: int = 0) -> None:
         t = self.table
         t.copied[i] = now
         t.size[i] = size32(size)
+        t.src[i] = src
         self.touch(key, i, now)
 
-    async def observe(self, key: str, now: float, size: int, decide: Decide) -> Observation:
-        """Record a message from `key` and apply `decide`; atomic per sender (no await inside)."""
+    async def observe(self, key: str, now: float, size: int, decide: Decide, src: int = 0) -> Observation:
+        """Record a message from `key` (source sequence `src`) and apply `decide`; atomic per
+        sender (no await inside)."""
         i = self.live_slot(key, now)
         if i is None:
             if not decide(None):
                 return Observation(False, False)
-            self.insert(key, now, size)
+            self.insert(key, now, size, src)
             return Observation(True, True)
         copy = decide(self.table.sender_at(i))
         if copy:
-            self.copied_now(key, i, now, size)
+            self.copied_now(key, i, now, size, src)
         else:
             self.touch(key, i, now)
         return Observation(copy, False)

@@ -17,7 +17,10 @@ PERSISTED = 0x0F
 @dataclass(frozen=True, slots=True)
 class Sender:
     """One tracked sender. Times are unix seconds; `adv` is the last-seen time a `timeout`
-    advisory was sent for (0: not timed out), so it doubles as that episode's identity."""
+    advisory was sent for (0: not timed out), so it doubles as that episode's identity. `src` is
+    the source stream sequence of the message that claimed the last copy (0: unknown): a claim
+    is made before the copy lands, so when that same message is delivered again (its copy never
+    confirmed: a worker killed, a publish failed) it is copied again instead of skipped."""
 
     first: float
     seen: float
@@ -25,6 +28,7 @@ class Sender:
     size: int
     adv: float = 0.0
     flags: int = 0
+    src: int = 0
 
     @property
     def announced(self) -> bool:
@@ -88,6 +92,7 @@ def encode_sender(sender: Sender) -> bytes:
             "size": sender.size,
             "adv": round(sender.adv, 3),
             "flags": sender.flags & PERSISTED,
+            "src": sender.src,
         },
         separators=(",", ":"),
     ).encode()
@@ -103,6 +108,7 @@ def decode_sender(data: bytes | None) -> Sender:
         size=int(doc["size"]),
         adv=float(doc.get("adv", 0.0)),
         flags=int(doc.get("flags", 0)) & PERSISTED,
+        src=int(doc.get("src", 0)),
     )
 
 

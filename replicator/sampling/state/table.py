@@ -30,6 +30,7 @@ class SenderTable:
         self.adv: array[float] = array("d")
         self.size: array[int] = array("I")
         self.flags: array[int] = array("B")
+        self.src: array[int] = array("Q")
         self._columns: dict[str, array[Any]] = {
             "first": self.first,
             "seen": self.seen,
@@ -37,6 +38,7 @@ class SenderTable:
             "adv": self.adv,
             "size": self.size,
             "flags": self.flags,
+            "src": self.src,
         }
         for name, code in extra:
             self._columns[name] = array(code)
@@ -54,7 +56,8 @@ class SenderTable:
         return self.index.get(key)
 
     def sender_at(self, i: int) -> Sender:
-        return Sender(self.first[i], self.seen[i], self.copied[i], self.size[i], self.adv[i], self.flags[i])
+        return Sender(self.first[i], self.seen[i], self.copied[i], self.size[i], self.adv[i], self.flags[i],
+                      self.src[i])
 
     def get(self, key: str) -> Sender | None:
         i = self.index.get(key)
@@ -67,6 +70,7 @@ class SenderTable:
         self.adv[i] = s.adv
         self.size[i] = size32(s.size)
         self.flags[i] = (s.flags & 0xFF & ~keep_flags) | (self.flags[i] & keep_flags)
+        self.src[i] = s.src
 
     def put(self, key: str, s: Sender) -> int:
         """Insert or overwrite; extra columns of a new row start at 0."""
@@ -82,16 +86,19 @@ class SenderTable:
         self.set(i, s)
         return i
 
-    def add(self, key: str, now: float, size: int) -> int:
-        """A new sender first seen and copied `now`: `put` without building a Sender (hot path)."""
+    def add(self, key: str, now: float, size: int, src: int = 0) -> int:
+        """A new sender first seen and copied `now` (claimed by source sequence `src`): `put`
+        without building a Sender (hot path)."""
         index = self.index
         if self._free or key in index:
-            return self.put(key, Sender(first=now, seen=now, copied=now, size=size))
+            return self.put(key, Sender(first=now, seen=now, copied=now, size=size, src=src))
         i = self._new_row()
         self.first[i] = now  # adv, flags and the extra columns of a spare row are already 0
         self.seen[i] = now
         self.copied[i] = now
         self.size[i] = size if 0 <= size <= 0xFFFFFFFF else size32(size)
+        if src:
+            self.src[i] = src
         index[key] = i
         return i
 
@@ -118,6 +125,6 @@ class SenderTable:
         return list(self.index)
 
     def snapshot(self) -> dict[str, list[float | int]]:
-        """Rows as `value: [first, seen, copied, size, adv, flags]`, the state file's layout."""
-        f, s, c, z, a, g = self.first, self.seen, self.copied, self.size, self.adv, self.flags
-        return {k: [f[i], s[i], c[i], z[i], a[i], g[i] & PERSISTED] for k, i in self.index.items()}
+        """Rows as `value: [first, seen, copied, size, adv, flags, src]`, the state file's layout."""
+        f, s, c, z, a, g, r = self.first, self.seen, self.copied, self.size, self.adv, self.flags, self.src
+        return {k: [f[i], s[i], c[i], z[i], a[i], g[i] & PERSISTED, r[i]] for k, i in self.index.items()}
