@@ -13,7 +13,6 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 from orjson import loads as orjson_loads
 
@@ -48,12 +47,11 @@ class Pending:
     seq: int = 0
 
 
-class Check(Protocol):
-    """The decision for a message; `seq` is its source stream sequence (0: unknown), which the
-    copy loops always give: a sender's claim by this very message is a copy that never landed."""
-
-    def __call__(self, subject: str, headers: Mapping[str, str] | None, payload: bytes,
-                 seq: int = 0) -> bool | Pending: ...
+Check = Callable[[str, Mapping[str, str] | None, bytes, int], bool | Pending]
+"""The decision for a message (subject, headers, payload) and its source stream sequence (0:
+unknown), which the copy loops always give: a sender's claim by this very message is a copy that
+never landed. (A type alias, not a Protocol: this module is compiled, and no compiled class may
+derive from an interpreted one.)"""
 
 
 DeliveryCheck = Callable[[RawMsg, list[str], int], bool | Pending]

@@ -192,7 +192,7 @@ async def test_the_fused_check_decides_exactly_as_the_general_one(clock: FakeClo
                 i = store.table.slot("node-3")
                 if i is not None:
                     store.table.adv[i] = clock.now
-        decisions = [limiter.check("acme.cmdb", None, payload) for limiter in (fused, general)]
+        decisions = [limiter.check("acme.cmdb", None, payload, 0) for limiter in (fused, general)]
         assert decisions[0] == decisions[1], (step, payload)
         clock.advance(rng.choice((0.0, 0.01, 0.5, 3.0, 11.0)) if rng.random() < 0.05 else 0.01)
     for limiter in (fused, general):
