@@ -20,6 +20,7 @@ from nats.aio.client import Client
 
 from replicator.config.model import Profile, redact_url
 from replicator.observe.metrics import WorkerMetrics
+from replicator.transport import reads
 from replicator.transport.material import Material, MaterialError, MaterialFiles, MaterialSource, source_for
 from replicator.transport.wire import widen_reads
 
@@ -120,6 +121,7 @@ def new_client(profile: Profile, side: Side) -> Client:
 
 def client_for(source: MaterialSource | None, *, require_tls: bool = False) -> Client:
     widen_reads()
+    reads.install()
     nc = _Client()
     nc.material = source
     nc.require_tls = require_tls
