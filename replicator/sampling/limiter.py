@@ -117,9 +117,10 @@ class Limiter:
             return True
         return bool(self.size_trigger) and abs(size - last_size) >= self.size_trigger
 
-    def decide(self, key: str, sender: Sender | None, now: float, size: int, forced: bool) -> bool:
-        """The rule for whatever the store holds (None: new or forgotten, always copied)."""
-        if sender is None or forced:
+    def decide(self, key: str, sender: Sender | None, now: float, size: int, forced: bool, seq: int = 0) -> bool:
+        """The rule for whatever the store holds (None: new or forgotten, always copied); message
+        `seq` that claimed the sender's last copy comes again only because that copy never landed."""
+        if sender is None or forced or (seq and sender.src == seq):
             return True
         return self.due(key, sender.copied, sender.size, now, size)
 
@@ -217,9 +218,7 @@ class Limiter:
         key, now, size, forced, seq = pending.key, pending.now, pending.size, pending.forced, pending.seq
 
         def decide(sender: Sender | None) -> bool:
-            if seq and sender is not None and sender.src == seq:
-                return True  # this message claimed the copy before, which never landed
-            return self.decide(key, sender, now, size, forced)
+            return self.decide(key, sender, now, size, forced, seq)
 
         try:
             result = await self.store.observe(key, now, size, decide, seq)

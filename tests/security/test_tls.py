@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from replicator.demo.local_nats import LocalNatsServer
+from replicator.transport import reads
+from replicator.transport.reads import ChunkReader
 from tests.copier.helpers import (
     InProcess,
     make_stream,
@@ -68,6 +70,25 @@ async def test_tls_manual_layout_per_side_end_to_end(
     originals, copies = await read_stream(source_nc, "FLEET"), await read_stream(target_nc, "FLEET")
     outcome = compare("tls manual", originals, copies, recover_s=None)
     assert outcome.lost == outcome.duplicated == outcome.mismatched == outcome.out_of_order == 0, outcome
+
+
+async def test_tls_connections_read_through_the_chunk_reader(
+    pki: Pki, nats_server: ServerFactory, connect_tls: Callable[..., Any]
+) -> None:
+    """After the TLS upgrade the connection still reads through `ChunkReader` (TLS records end
+    reads mid-message), and 16 KB messages with headers arrive whole and in order."""
+    reads.install()
+    server = tls_server(nats_server, "chunks", pki.server("chunks"))
+    nc = await connect_tls(server, pki.client("sr-chunks"))
+    assert nc._transport._io_reader is not nc._transport._bare_io_reader  # upgraded
+    assert isinstance(nc._transport._io_reader, ChunkReader)
+    sub = await nc.subscribe("t.>")
+    payloads = [bytes([i]) * 16384 for i in range(100)]
+    for i, payload in enumerate(payloads):
+        await nc.publish(f"t.{i}", payload, headers={"N": str(i)})
+    got = [await sub.next_msg(timeout=5) for _ in payloads]
+    assert [m.headers["N"] for m in got] == [str(i) for i in range(100)]
+    assert [m.data for m in got] == payloads
 
 
 @pytest.mark.timeout(60)

@@ -91,9 +91,9 @@ async def test_the_socket_is_paused_past_twice_the_limit_and_resumed_once_read()
     assert not transport.paused
 
 
-async def test_connections_read_through_it_plain_and_tls(source_server) -> None:  # type: ignore[no-untyped-def]
-    """Installed, every new nats-py connection reads through a `ChunkReader` (the TLS suites run
-    the upgrade path)."""
+async def test_connections_read_through_it(source_server) -> None:  # type: ignore[no-untyped-def]
+    """Installed, every new nats-py connection reads through a `ChunkReader` (after a TLS upgrade
+    too: `tests/security/test_tls.py`)."""
     reads.install()
     assert nats.aio.client.TcpTransport is ChunkTransport
     nc = await nats.connect(source_server.url)
