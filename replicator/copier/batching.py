@@ -15,6 +15,17 @@ or reconnect ends the batch for the copier, which recovers as on the per-message
 answers when they tell it all (a chain break at message k: everything before k landed, nothing
 after it), else from the target.
 
+**Clustered targets.** On a stream in a JetStream cluster (R3, or R1 whose replicas may be raised
+at any time), nothing is chained. From
+server 2.14 a replica that finds a `Nats-Expected-Last-Msg-Id` mismatch while applying a message
+stops the stream for good ("critical write error", until its servers restart), and in a cluster
+that check is made only there, after the leader has proposed the message: another city's copy in
+between (fan-in), proposals lost in a leader change, or a last id forgotten by a restart would each
+take the stream down. Order holds without the chain: a batch's messages are proposed in batch
+order and a leader change that lost some of them ends the batch with a gap (nothing after it is
+stored), while a message written per message goes alone, once everything before it landed, so
+at most one is in flight. A backlog therefore wants `allow_batched` on a clustered target.
+
 **When.** A backlog of at least `BATCH_MIN` ready messages opens a batch; single messages of a
 trickle go per message (no batch to open, no commit to wait for). An open batch takes every later
 message while flow control allows (after the server's first flow ack, and at most the larger of
@@ -38,10 +49,12 @@ import time
 from enum import Enum
 
 from nats.aio.client import Client
+from nats.js.api import StreamInfo
 
 from replicator.copier import durable
 from replicator.copier.endpoints import PUBLISH_TIMEOUT, Endpoints
 from replicator.copier.failures import Failure, classify
+from replicator.copier.headers import TargetFeatures
 from replicator.transport.fastbatch import BatchRouter, FastBatch
 from replicator.transport.jetstream import PublishError
 from replicator.transport.streams import set_consumer_note
@@ -56,9 +69,16 @@ COOL_DOWN_MAX = 600.0  # recur (a busy fan-in), back to COOL_DOWN once a batch c
 OUTSTANDING = 2  # flow-ack intervals in flight (ADR-50 suggests 1 to 3)
 BATCH_WINDOW = 8  # the ordered window on the batch path, in multiples of max_in_flight (4 held a 50 ms
 # link's window full: 8,000 x 512 B took about 120 ms from send to flow ack)
+RECHECK = 5.0  # seconds between reads of whether the target is clustered (then the chain ends)
 FALLBACK_CODES = frozenset({10205, 10206, 10207})  # disabled, pattern or id refused: no fast ingest here
 BATCH = "batch"
 MESSAGE = "message"
+
+
+def clustered(info: StreamInfo) -> bool:
+    """The stream is replicated, or lives in a JetStream cluster, where its replicas can be raised
+    at any time (a standalone server names no cluster)."""
+    return (info.config.num_replicas or 1) > 1 or bool(info.cluster and info.cluster.name)
 
 
 class State(Enum):
@@ -90,12 +110,14 @@ class BatchWriter:
         self.router = BatchRouter(nc, wake)
         self.worker = worker
         self.enabled = False  # the target stream allows batched publishing
+        self.chained = True  # publishes carry the chain (not on a clustered target, see above)
+        self.checked_at = 0.0  # when the target's configuration was last read
         self.batch: FastBatch | None = None
         self.cool_until = 0.0
         self.cool_for = COOL_DOWN
         self.last_send = 0.0
         self.last_ping = 0.0
-        self.shown = ""  # the path last logged, exported and noted
+        self.shown: tuple[str, bool] | None = None  # the path (and chaining) last logged, exported and noted
 
     @property
     def path(self) -> str:
@@ -109,13 +131,37 @@ class BatchWriter:
     async def start(self) -> None:
         await self.router.start()
 
+    async def configure(self, ep: Endpoints) -> TargetFeatures:
+        """The target stream's features, read now; how it is written follows them (and is shown)."""
+        info = await ep.target_js.stream_info(ep.target_stream)
+        features = TargetFeatures.of(info.config)
+        self.enabled, self.chained = features.batched, not clustered(info)
+        self.checked_at = time.monotonic()
+        await self.show(ep)
+        return features
+
+    async def recheck(self, ep: Endpoints, now: float) -> None:
+        """Every `RECHECK`: a standalone target restarted as part of a cluster must stop getting the
+        chain before it breaks there (`clustered`)."""
+        if now - self.checked_at < RECHECK:
+            return
+        self.checked_at = now
+        try:
+            info = await ep.target_js.stream_info(ep.target_stream)
+        except Exception:  # unreachable or gone: the copy's own failures tell of it
+            return
+        chained = not clustered(info)
+        if chained != self.chained:
+            self.chained = chained
+            await self.show(ep)
+
     async def show(self, ep: Endpoints) -> None:
         """Log and export how the target is written (after every change), and note it on the
         durable for `report` when it changes at runtime (the durable is created with the note)."""
         path = self.path
-        if path == self.shown:
+        if (path, self.chained) == self.shown:
             return
-        changed, self.shown = bool(self.shown), path
+        changed, self.shown = bool(self.shown), (path, self.chained)
         ep.metrics.write_path(path)
         if changed:
             with contextlib.suppress(Exception):
@@ -126,6 +172,11 @@ class BatchWriter:
         else:
             log.info("%s writes to target stream %s per message (it does not allow batched publishing)",
                      ep.worker, ep.target_stream)
+        if not self.chained:
+            log.warning("%s target stream %s is in a JetStream cluster: its copies are not chained "
+                        "(a Nats-Expected-Last-Msg-Id mismatch stops a clustered stream), so a message written per "
+                        "message waits until the one before it landed%s", ep.worker, ep.target_stream,
+                        "" if path == BATCH else "; allow_batched on the stream writes a backlog in batches")
 
     async def stop(self) -> None:
         await self.router.stop()

@@ -10,7 +10,8 @@ cumulatively (AckAll) only after the target acknowledged.
 
 Where the target stream allows it, a backlog is written in fast-ingest batches instead, confirmed
 by flow acks rather than a PubAck each (`batching.py`); the chain, the recovery and the
-acknowledgement rule stay the same.
+acknowledgement rule stay the same. A clustered target gets no chain: a message written per
+message goes alone there, and a batch keeps its order by itself (`batching.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from replicator.copier.endpoints import (
 )
 from replicator.copier.failure_log import FailureLog
 from replicator.copier.failures import Failure, classify
-from replicator.copier.headers import TargetFeatures
 from replicator.copier.poison import StuckWatch, give_up
 from replicator.copier.position import (
     MAX_CLOCK_SKEW_NS,
@@ -112,12 +112,7 @@ class OrderedCopier:
 
     # ---- setup ----
     async def _read_features(self) -> None:
-        info = await self.ep.target_js.stream_info(self.ep.target_stream)
-        features = TargetFeatures.of(info.config)
-        self.transform.set_features(features)
-        if features.batched != self.writer.enabled or not self.writer.shown:
-            self.writer.enabled = features.batched
-            await self.writer.show(self.ep)
+        self.transform.set_features(await self.writer.configure(self.ep))
 
     async def bind(self) -> None:
         """(Re)create the durable at the resume point: the server's redelivery order cannot be trusted
@@ -320,17 +315,19 @@ class OrderedCopier:
                 break  # flow control: the batch's acknowledgements wake us
             taken: list[Entry] = []
             messages: list[tuple[str, bytes, bytes]] = []
-            predecessor = self.last_id
+            predecessor, chained = self.last_id, writer.chained
             while room > len(taken) and unsent:
                 copy = unsent[0].copy
                 if not copy.chainable or len(copy.head) + len(copy.payload) > near_limit:
                     break
                 taken.append(unsent.popleft())
-                messages.append((copy.subject, copy.block(predecessor), copy.payload))
+                messages.append((copy.subject, copy.block(predecessor if chained else None), copy.payload))
                 predecessor = copy.msg_id
             if not taken:  # per message (the path, or a message too large to risk in a batch)
+                if not chained and self.window[0] is not unsent[0]:
+                    break  # unchained: alone, once everything before it landed (`batching.py`)
                 entry = unsent.popleft()
-                entry.future = await self._publish(entry, self.last_id)
+                entry.future = await self._publish(entry, self.last_id if chained else None)
                 self.last_id = entry.copy.msg_id
                 continue
             batch, first = await writer.send(messages, self._capacity())
@@ -440,6 +437,8 @@ class OrderedCopier:
             await self._recover(*failed)
         elif not self.chain_open and window and window[0].future is None and window[0].batch is None:
             await self._send_alone(window[0])  # a message that cannot be chained now heads the window
+        elif last is not None and not self.writer.chained and self.unsent:
+            await self.pump()  # unchained: a copy waiting for the one ahead of it to land can go now
 
     def _count_copied(self, n: int, size: int) -> None:
         if n:
@@ -448,6 +447,7 @@ class OrderedCopier:
 
     async def _check_stalled(self, now: float) -> None:
         """A publish whose ack never came (lost in a disconnect) counts as failed."""
+        await self.writer.recheck(self.ep, now)
         if not self.window:
             return
         head = self.window[0]

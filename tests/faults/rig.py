@@ -34,10 +34,17 @@ from tests.support.faults import (
     read_stream,
     stream_count,
     wait_count,
+    wait_metric,
 )
 from tests.support.tcp_proxy import ThreadedProxy
 
 STREAM = "FLEET"
+
+BACKLOG = 40_000  # copied in fast-ingest batches (or per message), long enough to strike mid-copy
+
+# Windows that hold either path to about 10,000 msgs/s over a 20 ms RTT target link (a batch
+# path window is 4x max_in_flight), so a strike at a count lands well before the backlog's end.
+IN_FLIGHT = {"batch": 50, "message": 200}
 
 
 @dataclass
@@ -53,9 +60,13 @@ class City:
 
 class Rig:
     def __init__(self, tmp: Path, source: LocalNatsServer, target: LocalNatsServer, source_nc: Client,
-                 target_nc: Client, results: list[Outcome], *, userinfo: str = "") -> None:
+                 target_nc: Client, results: list[Outcome], *, userinfo: str = "",
+                 target_urls: str | None = None) -> None:
         self.tmp = tmp
         self.userinfo = userinfo  # "user:password@" for a source with authorization
+        # A clustered target: the URLs the replicator is given for its nodes (the checks reach the
+        # cluster through `target`, one of them, and the others it announces).
+        self.target_urls = target_urls
         self.source, self.target = source, target
         # Replaced in open() by clients that reconnect within 0.25 s, so a measured time to recover
         # is the replicator's, not the test client's reconnect wait.
@@ -101,9 +112,10 @@ class Rig:
     def write_config(self, **overrides: Any) -> Path:
         settings: dict[str, Any] = {"max_in_flight": 1000, "monitor": self.monitor, **overrides}
         source_url = self.source_proxy.url.replace("://", f"://{self.userinfo}", 1)
-        config = topic_config(source_url, self.target_proxy.url, **settings)
+        target_url = self.target_urls or self.target_proxy.url
+        config = topic_config(source_url, target_url, **settings)
         if self.city is not None:  # the same file but the URL (and no monitor port of its own)
-            city = topic_config(self.city.proxy.url, self.target_proxy.url, **{**settings, "monitor": None})
+            city = topic_config(self.city.proxy.url, target_url, **{**settings, "monitor": None})
             write_config(self.city.config_path, city)
         return write_config(self.config_path, config)
 
@@ -246,6 +258,12 @@ class Rig:
         for nc in getattr(self, "_own", ()):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 5)
+
+
+async def copying(rig: Rig, path: str, upto: int, within: float = 30.0) -> None:
+    """Wait until the worker, on the expected write path, has copied `upto` of the backlog."""
+    assert await wait_metric(rig.monitor, "stream_replicator_write_path", 1.0, within, path=path), rig.log_tail()
+    assert await wait_count(rig.target_nc, STREAM, upto, within) is not None, rig.log_tail()
 
 
 async def _writer(nc: Client, name: str) -> str:

@@ -28,7 +28,7 @@ from nats.js.errors import NotFoundError
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from replicator.sampling.state.records import decode_key, limiter_bucket
 from tests.copier.helpers import WRITE_PATHS, make_target, profile_for, publish_many, stop
-from tests.faults.rig import STREAM, Rig
+from tests.faults.rig import BACKLOG, IN_FLIGHT, STREAM, Rig, copying
 from tests.support.faults import (
     Outcome,
     log_size,
@@ -93,14 +93,6 @@ async def test_kill_9_ten_times_in_a_row(rig: Rig, city2: LocalNatsServer, path:
                      faults=10, notes="recover: from the last restart")
 
 
-BACKLOG = 40_000  # copied in fast-ingest batches (or per message), long enough to strike mid-copy
-
-
-# Windows that hold either path to about 10,000 msgs/s over a 20 ms RTT target link (a batch
-# path window is 4x max_in_flight), so a strike at a count lands well before the backlog's end.
-IN_FLIGHT = {"batch": 50, "message": 200}
-
-
 async def backlog(rig: Rig, path: str) -> None:
     """A target for the write path, a backlog on the source, continuous publishing on top."""
     await rig.stream()
@@ -109,12 +101,6 @@ async def backlog(rig: Rig, path: str) -> None:
     rig.target_proxy.set_delay(0.01)
     rig.write_config(max_in_flight=IN_FLIGHT[path])
     rig.publish()
-
-
-async def copying(rig: Rig, path: str, upto: int, within: float = 30.0) -> None:
-    """Wait until the worker, on the expected write path, has copied `upto` of the backlog."""
-    assert await wait_metric(rig.monitor, "stream_replicator_write_path", 1.0, within, path=path), rig.log_tail()
-    assert await wait_count(rig.target_nc, STREAM, upto, within) is not None, rig.log_tail()
 
 
 @pytest.mark.timeout(150)
