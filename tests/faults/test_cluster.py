@@ -153,3 +153,31 @@ async def test_a_chain_mismatch_stops_a_replicated_stream_on_this_server(cluster
             await js.publish("canary", b"3", headers={"Nats-Msg-Id": "c"})
     finally:
         await nc.close()
+
+
+@pytest.mark.timeout(180)
+async def test_scaled_workers_through_r3_leader_moves(cluster_rig: tuple[Rig, list[ThreadedProxy]],
+                                                      cluster: LocalCluster) -> None:
+    """Scaled mode into an R3 stream (unordered by design, never chained): publishes lost with a
+    leader that stepped down or was killed fail or time out, their messages are redelivered, and
+    the duplicate window drops the copies that had landed."""
+    rig, _ = cluster_rig
+    await rig.stream()
+    await cluster.add_stream(rig.target_nc, target_config("message"))
+    await publish_many(rig.source_nc, BACKLOG // 4, size=64)
+    rig.write_config(workers=4)
+    rig.publish(RATES["batch"])
+    rig.spawn()
+    for i in range(STEP_DOWNS):
+        assert await wait_count(rig.target_nc, STREAM, (i + 1) * BACKLOG // 20, 60) is not None, rig.log_tail()
+        await cluster.step_down(rig.target_nc, STREAM)
+    leader = cluster.node(await cluster.leader(rig.target_nc, STREAM))
+    await rig.stop_server(leader, kill=True)
+    await asyncio.sleep(2.0)
+    began = time.monotonic()
+    await rig.start_server(leader)
+    recover = await rig.time_to_catch_up(began, within=90)
+    outcome = await rig.finish("scaled (4 workers): R3 leader stepped down 3 times, then killed", recover_s=recover,
+                               ordered=False, faults=STEP_DOWNS + 1,
+                               notes=f"{BACKLOG // 4:,} backlog; unordered by design; recover: from the restart")
+    assert outcome.duplicated == 0, f"the duplicate window let a copy through twice: {outcome}"
