@@ -11,7 +11,7 @@ from dataclasses import replace
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from replicator.config.model import TopicConfig
 from replicator.transport.subjects import SubjectRewriter
@@ -72,9 +72,22 @@ async def ensure_target_stream(
         allow_batched=True if batches_supported(target_js) else source_cfg.allow_batched,
     )
     cfg = _drop_unset(cfg)
-    await target_js.add_stream(cfg)
-    log.info("created target stream %s with subjects %s", name, subjects)
+    try:
+        await target_js.add_stream(cfg)
+    except APIError as err:
+        # A replicated source (a city's R3 cluster) copied to a standalone server: the source's
+        # replicas cannot be had there, and refusing to copy at all would help nobody.
+        if err.err_code != REPLICAS_NOT_CLUSTERED or (cfg.num_replicas or 1) <= 1:
+            raise
+        log.warning("target server is not clustered: creating target stream %s with 1 replica instead of the "
+                    "source's %d", name, cfg.num_replicas)
+        cfg = replace(cfg, num_replicas=1)
+        await target_js.add_stream(cfg)
+    log.info("created target stream %s with subjects %s (%d replicas)", name, subjects, cfg.num_replicas or 1)
     return name
+
+
+REPLICAS_NOT_CLUSTERED = 10074  # "replicas > 1 not supported in non-clustered mode"
 
 
 def batches_supported(js: JetStreamContext) -> bool:

@@ -21,7 +21,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import APIError
 
 from replicator.demo.local_nats import LocalNatsServer
-from tests.copier.helpers import WRITE_PATHS, publish_many
+from tests.copier.helpers import WRITE_PATHS, InProcess, profile_for, publish_many, topic_config
 from tests.faults.rig import BACKLOG, IN_FLIGHT, STREAM, Rig, copying
 from tests.support.cluster import LocalCluster
 from tests.support.faults import Outcome, stream_count, wait_count
@@ -181,3 +181,21 @@ async def test_scaled_workers_through_r3_leader_moves(cluster_rig: tuple[Rig, li
                                ordered=False, faults=STEP_DOWNS + 1,
                                notes=f"{BACKLOG // 4:,} backlog; unordered by design; recover: from the restart")
     assert outcome.duplicated == 0, f"the duplicate window let a copy through twice: {outcome}"
+
+
+async def test_a_replicated_source_is_copied_to_a_standalone_target(cluster: LocalCluster,
+                                                                     target_server: LocalNatsServer,
+                                                                     target_nc: Client) -> None:
+    """A city's R3 stream copied to a standalone server: the target stream is created with one
+    replica (the server refuses more), not refused for ever."""
+    nc = await nats.connect(cluster.urls.split(","))
+    try:
+        await cluster.add_stream(nc, StreamConfig(name=STREAM, subjects=["fleet.>"], num_replicas=3))
+        await publish_many(nc, 200, size=64)
+        profile = profile_for(topic_config(cluster.urls, target_server.url))
+        async with InProcess(profile):
+            assert await wait_count(target_nc, STREAM, 200, 30) is not None
+        info = await target_nc.jetstream().stream_info(STREAM)
+        assert info.config.num_replicas == 1 and info.state.messages == 200
+    finally:
+        await nc.close()
