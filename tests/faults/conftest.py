@@ -35,6 +35,14 @@ def _report_outcomes(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture
+def city2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
+    """A second source with a same-named stream fanning into the same target (fan-in scenarios)."""
+    server = LocalNatsServer(name="city2", store_dir=tmp_path_factory.mktemp("city2-js")).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
 async def rig(
     tmp_path: Path, source_server: LocalNatsServer, target_server: LocalNatsServer, source_nc: Client,
     target_nc: Client,

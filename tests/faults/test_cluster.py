@@ -101,13 +101,6 @@ async def test_target_leader_moves_in_the_middle_of_a_batch(cluster_rig: tuple[R
                      within=120)
 
 
-@pytest.fixture
-def city2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
-    server = LocalNatsServer(name="city2", store_dir=tmp_path_factory.mktemp("city2-js")).start()
-    yield server
-    server.close()
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("path", WRITE_PATHS)
 async def test_two_cities_fan_into_a_clustered_target_raised_to_r3(

@@ -14,7 +14,6 @@ import json
 import random
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +56,6 @@ async def warm_up(rig: Rig, path: str, rate: float = 400.0, **config: object) ->
     rig.publish(rate)
     assert await wait_count(rig.target_nc, STREAM, 300, 30) is not None, rig.log_tail()
     assert await wait_metric(rig.monitor, "stream_replicator_write_path", 1.0, 10, path=path), rig.log_tail()
-
-
-@pytest.fixture
-def city2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalNatsServer]:
-    """A second source with a same-named stream fanning into the same target (the kill -9 rows)."""
-    server = LocalNatsServer(name="city2", store_dir=tmp_path_factory.mktemp("city2-js")).start()
-    yield server
-    server.close()
 
 
 @pytest.mark.timeout(150)
