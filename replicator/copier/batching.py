@@ -16,12 +16,11 @@ answers when they tell it all (a chain break at message k: everything before k l
 after it), else from the target.
 
 **Clustered targets.** On a stream in a JetStream cluster (R3, or R1 whose replicas may be raised
-at any time), nothing is chained. From
-server 2.14 a replica that finds a `Nats-Expected-Last-Msg-Id` mismatch while applying a message
-stops the stream for good ("critical write error", until its servers restart), and in a cluster
-that check is made only there, after the leader has proposed the message: another city's copy in
-between (fan-in), proposals lost in a leader change, or a last id forgotten by a restart would each
-take the stream down. Order holds without the chain: a batch's messages are proposed in batch
+at any time), nothing is chained. From server 2.14 a replica that finds a
+`Nats-Expected-Last-Msg-Id` mismatch while applying a message stops the stream for good ("critical
+write error", until its servers restart), and in a cluster that check is made only there, after
+the leader has proposed the message: another city's copy in between (fan-in), proposals lost in a
+leader change, or a last id forgotten by a restart would each take the stream down. Order holds without the chain: a batch's messages are proposed in batch
 order and a leader change that lost some of them ends the batch with a gap (nothing after it is
 stored), while a message written per message goes alone, once everything before it landed, so
 at most one is in flight. A backlog therefore wants `allow_batched` on a clustered target.
@@ -142,7 +141,8 @@ class BatchWriter:
 
     async def recheck(self, ep: Endpoints, now: float) -> None:
         """Every `RECHECK`: a standalone target restarted as part of a cluster must stop getting the
-        chain before it breaks there (`clustered`)."""
+        chain before it breaks there (`clustered`). The path is left alone: a batch path turned off
+        by the server's answers (`disable`) stays off until the next bind reads the stream."""
         if now - self.checked_at < RECHECK:
             return
         self.checked_at = now
