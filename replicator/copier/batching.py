@@ -20,10 +20,11 @@ at any time), nothing is chained. From server 2.14 a replica that finds a
 `Nats-Expected-Last-Msg-Id` mismatch while applying a message stops the stream for good ("critical
 write error", until its servers restart), and in a cluster that check is made only there, after
 the leader has proposed the message: another city's copy in between (fan-in), proposals lost in a
-leader change, or a last id forgotten by a restart would each take the stream down. Order holds without the chain: a batch's messages are proposed in batch
-order and a leader change that lost some of them ends the batch with a gap (nothing after it is
-stored), while a message written per message goes alone, once everything before it landed, so
-at most one is in flight. A backlog therefore wants `allow_batched` on a clustered target.
+leader change, or a last id forgotten by a restart would each take the stream down. Order holds
+without the chain: a batch's messages are proposed in batch order and a leader change that lost
+some of them ends the batch with a gap (nothing after it is stored), while a message written per
+message goes alone, once everything before it landed, so at most one is in flight. A backlog
+therefore wants `allow_batched` on a clustered target.
 
 **When.** A backlog of at least `BATCH_MIN` ready messages opens a batch; single messages of a
 trickle go per message (no batch to open, no commit to wait for). An open batch takes every later
