@@ -19,7 +19,7 @@ from setuptools import setup
 # copier's runs of skips. All stay ordinary Python source as well, which is what runs wherever they
 # are not compiled.
 HOT_MODULES = ["replicator/transport/wire.py", "replicator/sampling/limiter.py",
-              "replicator/copier/admission.py"]
+              "replicator/copier/admission.py", "replicator/sampling/state/table.py"]
 SETTING = "STREAM_REPLICATOR_COMPILE"
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import importlib
 
 # The modules `setup.py` compiles (HOT_MODULES there, as paths; a test keeps the two lists equal).
-HOT_MODULES = ("replicator.transport.wire", "replicator.sampling.limiter", "replicator.copier.admission")
+HOT_MODULES = ("replicator.transport.wire", "replicator.sampling.limiter", "replicator.copier.admission",
+               "replicator.sampling.state.table")
 
 
 def compiled_modules() -> list[str]:

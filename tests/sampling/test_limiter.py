@@ -172,7 +172,7 @@ async def test_the_fused_check_decides_exactly_as_the_general_one(clock: FakeClo
     message through it and through `check_general`, with the same clock, gets the same decision,
     the same counts and the same table (new, skipped, due, forgotten and keyless senders, keys
     that are numbers, empty or missing, bodies that are not JSON, a sender timed out by the
-    advisor)."""
+    advisor, rows freed by the scrubber and taken again)."""
     fused, fused_store = limiter_for(clock, age=10.0)
     general, general_store = limiter_for(clock, age=10.0)
     assert fused.check != fused.check_general  # the fused path is in use for this setting
@@ -192,7 +192,10 @@ async def test_the_fused_check_decides_exactly_as_the_general_one(clock: FakeClo
                 i = store.table.slot("node-3")
                 if i is not None:
                     store.table.adv[i] = clock.now
-        decisions = [limiter.check("acme.cmdb", None, payload, 0) for limiter in (fused, general)]
+        if step in (1000, 2000):  # senders silent for `age` go, and their rows are free
+            removed = [await store.scrub(clock.now) for store in (fused_store, general_store)]
+            assert removed[0] == removed[1] > 0
+        decisions = [limiter.check("acme.cmdb", None, payload, step + 1) for limiter in (fused, general)]
         assert decisions[0] == decisions[1], (step, payload)
         clock.advance(rng.choice((0.0, 0.01, 0.5, 3.0, 11.0)) if rng.random() < 0.05 else 0.01)
     for limiter in (fused, general):
@@ -201,3 +204,18 @@ async def test_the_fused_check_decides_exactly_as_the_general_one(clock: FakeClo
         assert value(getattr(fused.metrics, name)) == value(getattr(general.metrics, name)), name
     assert value(fused.metrics.limiter_skipped) > 1000  # the fused skip path did the work
     assert fused_store.table.snapshot() == general_store.table.snapshot()
+
+
+async def test_a_listener_hears_of_every_new_sender_the_fused_check_copies(clock: FakeClock) -> None:
+    """Without listeners the fused check adds a new sender's row itself; with one (the advisor)
+    every new sender goes through `insert`, which tells it."""
+    limiter, store = limiter_for(clock, age=10.0)
+    heard: list[str] = []
+    assert await limiter.should_copy("acme.cmdb", None, body("quiet"), 1)
+    store.add_listener(heard.append)
+    for n, sender in enumerate(("a", "b", "quiet", "a"), start=2):
+        await limiter.should_copy("acme.cmdb", None, body(sender), n)
+    assert heard == ["a", "b"]
+    rows = store.table.snapshot()
+    assert rows["quiet"] == [clock.now, clock.now, clock.now, len(body("quiet")), 0.0, 0, 1]
+    assert rows["a"][-1] == 2 and rows["b"][-1] == 3

@@ -49,7 +49,9 @@ class MemoryStore:
         self.table = table if table is not None else SenderTable()
         # Read at scrape time: setting it on every new sender would cost more than the insert.
         metrics.limiter_seen.set_function(self.table.__len__)
-        self._listeners: list[Listener] = []
+        # Told of new senders and of timed-out ones back (the advisor). Never replaced: while it is
+        # empty, the limiter's fused check adds a new sender to `table` itself, without `insert`.
+        self.listeners: list[Listener] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- reading
@@ -63,17 +65,17 @@ class MemoryStore:
         return self.table.keys()
 
     def add_listener(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+        self.listeners.append(listener)
 
     def _notify(self, key: str) -> None:
-        for listener in self._listeners:
+        for listener in self.listeners:
             try:
                 listener(key)
             except Exception:
                 log.exception("state listener failed for %r", key)
 
     def _worth_a_look(self, s: Sender) -> bool:
-        return bool(self._listeners) and (not s.announced or (s.adv > 0 and s.seen > s.adv))
+        return bool(self.listeners) and (not s.announced or (s.adv > 0 and s.seen > s.adv))
 
     # -- life cycle
     async def start(self) -> None:
@@ -118,13 +120,13 @@ class MemoryStore:
         t = self.table
         if now > t.seen[i]:
             t.seen[i] = now
-        if t.adv[i] > 0 and self._listeners:
+        if t.adv[i] > 0 and self.listeners:
             self._notify(key)  # timed out before: the advisor owes a `recover`
 
     def insert(self, key: str, now: float, size: int, src: int = 0) -> int:
         """A new sender (or a new life of a forgotten one), copied now: its row."""
         i = self.table.add(key, now, size, src)
-        if self._listeners:
+        if self.listeners:
             self._notify(key)
         return i
 

@@ -31,6 +31,7 @@ class StateStore(Protocol):
     local: bool
     """True: only this process decides, so `insert` and `copied_now` may record copies at once;
     False (KV): copies are claimed through `observe`."""
+    listeners: list[Listener]
     skips_from_table: bool
     """True: a message from a live sender that is not due is skipped by reading `table` and
     updating its `seen` alone, with no `live_slot` or `touch` (the limiter fuses that path)."""
