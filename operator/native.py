@@ -328,6 +328,8 @@ def target_config(source_config: Mapping[str, Any], spec: ReplicationSpec, name:
         mirror_direct=False,
         description=f"sourced from {source_stream} by stream-replicator (native engine)",
     )
+    if spec.target.replicas:
+        config["num_replicas"] = spec.target.replicas
     metadata = {k: v for k, v in (source_config.get("metadata") or {}).items() if not str(k).startswith("_nats")}
     if metadata:
         config["metadata"] = metadata

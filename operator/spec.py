@@ -77,6 +77,7 @@ class Target(Endpoint):
     subject_prefix: str | None = None
     subject_remove: str | None = None
     create: bool = True
+    replicas: int | None = None  # of a target stream created (None: the source's)
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,15 @@ def _endpoint(data: Mapping[str, Any], side: Side) -> dict[str, Any]:
     }
 
 
+def _stream_replicas(value: Any) -> int | None:
+    """`spec.target.replicas`: what NATS allows a stream (1 to 5), or None for the source's."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5:
+        raise SpecError(f"spec.target.replicas must be 1 to 5, not {value!r}")
+    return value
+
+
 def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
     """The resource's spec, defaulted and typed; raises SpecError for what the schema should have caught."""
     meta = resource.get("metadata") or {}
@@ -320,6 +330,7 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
             subject_prefix=tsec.get("subjectPrefix"),
             subject_remove=tsec.get("subjectRemove"),
             create=bool(_get(data, "target.create")),
+            replicas=_stream_replicas(tsec.get("replicas")),
         ),
         mode=mode,
         replicas=int(_get(data, "replicas")),

@@ -67,6 +67,7 @@ def build_worker_config(
         "target_stream": spec.target.stream,
         "target_subject_prefix": spec.target.subject_prefix,
         "target_subject_remove": spec.target.subject_remove,
+        "target_replicas": spec.target.replicas,
         "max_age": spec.max_age,
         "dead_letter": spec.dead_letter,
     }

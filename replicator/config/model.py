@@ -105,6 +105,8 @@ class TopicConfig(Strict):
     target_subject_prefix: str | None = None
     target_subject_remove: str | None = None
     target_create: bool = True
+    # Replicas of a target stream the replicator creates (None: the source's). NATS allows 1 to 5.
+    target_replicas: int | None = Field(default=None, ge=1, le=5)
     source_cluster_id: str | None = None
     target_cluster_id: str | None = None
     workers: int = Field(default=1, ge=1, le=1024)

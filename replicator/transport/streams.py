@@ -39,11 +39,16 @@ async def find_source_stream(js: JetStreamContext, settings: TopicConfig) -> str
 async def ensure_target_stream(
     source_js: JetStreamContext, target_js: JetStreamContext, settings: TopicConfig, source_stream: str
 ) -> str:
-    """The target stream, created from the source's config with subjects rewritten unless told not to."""
+    """The target stream, created from the source's config with subjects rewritten unless told not to;
+    with `target_replicas` replicas, else the source's (one on a standalone server)."""
     name = settings.target_stream or source_stream
     rewrite = SubjectRewriter(settings)
     try:
-        await target_js.stream_info(name)
+        info = await target_js.stream_info(name)
+        wanted, has = settings.target_replicas, info.config.num_replicas or 1
+        if wanted and wanted != has:
+            log.warning("target stream %s has %d replicas, not the %d of target_replicas: left as it is (the "
+                        "replicator creates streams, never changes them)", name, has, wanted)
         return name
     except NotFoundError:
         if not settings.target_create:
@@ -70,6 +75,7 @@ async def ensure_target_stream(
         description=f"replicated from {source_stream} by stream-replicator",
         # Lets the ordered copier write in fast-ingest batches (copier/batching.py); 2.14+ only.
         allow_batched=True if batches_supported(target_js) else source_cfg.allow_batched,
+        num_replicas=settings.target_replicas or source_cfg.num_replicas,
     )
     cfg = _drop_unset(cfg)
     try:
@@ -79,6 +85,11 @@ async def ensure_target_stream(
         # replicas cannot be had there, and refusing to copy at all would help nobody.
         if err.err_code != REPLICAS_NOT_CLUSTERED or (cfg.num_replicas or 1) <= 1:
             raise
+        if settings.target_replicas:
+            raise StreamSetupError(f"target stream {name!r}: target_replicas is {settings.target_replicas}, but the "
+                                   f"target server is not "
+                                   f"clustered: it keeps one replica only (set target_replicas to 1, or leave it "
+                                   f"unset)") from None
         log.warning("target server is not clustered: creating target stream %s with 1 replica instead of the "
                     "source's %d", name, cfg.num_replicas)
         cfg = replace(cfg, num_replicas=1)

@@ -62,6 +62,7 @@ BROKEN = [
     ({"age": "5x", "inspect": "host"}, "topics.cmdb.age", "invalid duration"),
     ({"workers": "many"}, "topics.cmdb.workers", "integer"),
     ({"workers": 0}, "topics.cmdb.workers", "greater than or equal to 1"),
+    ({"target_replicas": 7}, "topics.cmdb.target_replicas", "less than or equal to 5"),
     ({"colour": "blue"}, "topics.cmdb.colour", "unknown key"),
     ({"inspect": "host", "inspect_header": "X-Host", "age": "1h"}, "topics.cmdb", "only one of inspect"),
     ({"source_url": ""}, "topics.cmdb.source_url", "at least one NATS URL"),

@@ -10,6 +10,7 @@ final check is the fault suite's: nothing lost, duplicated or reordered.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NotFoundError
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.copier.helpers import WRITE_PATHS, InProcess, profile_for, publish_many, topic_config
@@ -192,3 +193,41 @@ async def test_a_replicated_source_is_copied_to_a_standalone_target(cluster: Loc
         assert info.config.num_replicas == 1 and info.state.messages == 200
     finally:
         await nc.close()
+
+
+async def test_target_replicas_gives_r1_cities_an_r3_centre(cluster: LocalCluster, source_server: LocalNatsServer,
+                                                              source_nc: Client, target_server: LocalNatsServer,
+                                                              target_nc: Client,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """`target_replicas: 3`: a city's R1 stream becomes an R3 stream (with `allow_batched`) on the
+    clustered centre. A standalone server cannot have it: an error names the key and nothing is
+    created. An existing stream is left as it is, with a warning."""
+    caplog.set_level(logging.INFO, logger="replicator")
+    await source_nc.jetstream().add_stream(StreamConfig(name=STREAM, subjects=["fleet.>"]))
+    await publish_many(source_nc, 300, size=64)
+    nc = await nats.connect(cluster.urls.split(","))
+    try:
+        async with InProcess(profile_for(topic_config(source_server.url, cluster.urls, target_replicas=3))):
+            assert await wait_count(nc, STREAM, 300, 30) is not None
+        info = await nc.jetstream().stream_info(STREAM)
+        assert (info.config.num_replicas, info.config.allow_batched) == (3, True)
+        assert info.cluster is not None and len(info.cluster.replicas or []) == 2  # besides the leader
+
+        async with InProcess(profile_for(topic_config(source_server.url, cluster.urls, target_replicas=5))):
+            await wait_for_log(caplog, "has 3 replicas, not the 5 of target_replicas")
+        assert (await nc.jetstream().stream_info(STREAM)).config.num_replicas == 3
+    finally:
+        await nc.close()
+
+    async with InProcess(profile_for(topic_config(source_server.url, target_server.url, target_replicas=3))):
+        await wait_for_log(caplog, "target_replicas is 3, but the target server is not clustered")
+    with pytest.raises(NotFoundError):
+        await target_nc.jetstream().stream_info(STREAM)
+
+
+async def wait_for_log(caplog: pytest.LogCaptureFixture, text: str, within: float = 20.0) -> None:
+    """Until a captured log line holds `text`."""
+    deadline = time.monotonic() + within
+    while text not in caplog.text:
+        assert time.monotonic() < deadline, f"no log line with {text!r} in {within} s: {caplog.text[-2000:]}"
+        await asyncio.sleep(0.05)

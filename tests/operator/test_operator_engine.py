@@ -205,6 +205,22 @@ def test_a_created_target_follows_the_replicators_rules() -> None:
     assert config["name"] == "FLEET_HUB" and config["subjects"] == ["hub.fleet.>"]
     assert config["sources"] == [entry] and config["max_msgs_per_subject"] == 50
     assert "placement" not in config and "republish" not in config and config["metadata"] == {"team": "ops"}
+    assert "num_replicas" not in config  # the source's (none given here)
+
+
+def test_target_replicas_reach_both_engines() -> None:
+    """`target.replicas` sets a created target stream's replicas, natively and in the worker config."""
+    spec = spec_of(target={"replicas": 3})
+    entry = native.build_entry(spec, LEAF, "FLEET", Start())
+    config = native.target_config({"name": "FLEET", "num_replicas": 1}, spec, "FLEET", entry, "FLEET")
+    assert config["num_replicas"] == 3
+    worker = worker_config.build_worker_config(spec_of(engine="replicator", target={"replicas": 3}))
+    assert worker["topics"]["fleet"]["target_replicas"] == 3
+    worker_config.validate(worker)
+    assert "target_replicas" not in worker_config.build_worker_config(spec_of())["topics"]["fleet"]
+    for bad in (0, 6, "3", True):
+        with pytest.raises(SpecError, match=r"spec\.target\.replicas must be 1 to 5"):
+            spec_of(target={"replicas": bad})
 
 
 def test_the_worker_config_takes_the_handover() -> None:
