@@ -13,7 +13,6 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from orjson import loads as orjson_loads
 
@@ -189,8 +188,8 @@ class Limiter:
         trigger, a store whose table alone decides): a skipped message at fleet rates costs one
         JSON parse, one lookup and a few array reads, without the calls between them. Anything else
         (a due or timed-out sender, a key that is not a string) goes on to `check_key` with the key
-        found. A sender missing from the table is new to a store whose table decides: its row is
-        written here when a spare one is ready and no one listens for new senders (the worst case,
+        found. A sender missing from the table is new to a store whose table decides: added to the
+        table straight away when no one listens for new senders (both compiled: the worst case,
         every sender new, then costs about a fifth less), else through the store's `insert`. The
         table's columns are never replaced, so they are bound once, here."""
         field = top_level_field(self.settings)
@@ -198,9 +197,7 @@ class Limiter:
         if field is None or self.size_trigger or not store.skips_from_table:
             return None
         table = store.table
-        index = table.index
-        index_get, seen, copied, adv, src = index.get, table.seen, table.copied, table.adv, table.src
-        first, sizes = table.first, table.size
+        index_get, seen, copied, adv, src = table.index.get, table.seen, table.copied, table.adv, table.src
         age, surely_not_due, clock, check_key = self.age, self.surely_not_due, self.clock, self.check_key
         copy_new, listeners = self._copy_new, store.listeners
 
@@ -216,16 +213,9 @@ class Limiter:
             i = index_get(value)
             now = clock()
             if i is None:
-                i = table.spare_row() if not listeners and self.on_new is None else -1
-                if i < 0:
+                if listeners or self.on_new is not None:
                     return copy_new(value, now, len(payload), seq)
-                stamp: Any = now  # boxed once, not once per column
-                first[i] = stamp  # `SenderTable.add` for a spare row, without the calls between
-                seen[i] = stamp
-                copied[i] = stamp
-                sizes[i] = len(payload)
-                src[i] = seq
-                index[value] = i
+                table.add(value, now, len(payload), seq)  # a compiled call: no store between
                 self.unflushed_passed += 1
                 return True
             last = seen[i]

@@ -102,14 +102,6 @@ class SenderTable:
         index[key] = i
         return i
 
-    def spare_row(self) -> int:
-        """A never-used row for a new sender, taken (-1: freed rows wait, or the columns are full)."""
-        i = self.rows
-        if self._free or i == len(self.first):
-            return -1
-        self.rows = i + 1
-        return i
-
     def _new_row(self) -> int:
         i = self.rows
         if i == len(self.first):
