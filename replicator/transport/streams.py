@@ -87,9 +87,8 @@ async def ensure_target_stream(
             raise
         if settings.target_replicas:
             raise StreamSetupError(f"target stream {name!r}: target_replicas is {settings.target_replicas}, but the "
-                                   f"target server is not "
-                                   f"clustered: it keeps one replica only (set target_replicas to 1, or leave it "
-                                   f"unset)") from None
+                                   "target server is not clustered: it keeps one replica only (set target_replicas "
+                                   "to 1, or leave it unset)") from None
         log.warning("target server is not clustered: creating target stream %s with 1 replica instead of the "
                     "source's %d", name, cfg.num_replicas)
         cfg = replace(cfg, num_replicas=1)
