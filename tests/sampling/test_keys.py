@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from replicator.sampling.keys import extract_key, is_true, key_spec
+from replicator.sampling.keys import extract_key, is_true, key_spec, scalar_key
 from replicator.sampling.limiter import splay
 from tests.sampling.helpers import make_profile
 
@@ -49,6 +49,42 @@ def test_json_field_top_level_and_nested_path() -> None:
 )
 def test_unusable_payloads_have_no_key(payload: bytes) -> None:
     assert extract_key(settings(inspect="sender"), "acme.cmdb", None, payload) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "payload"),
+    [
+        ("sender", b'{"sender": "a", "sender": "b"}'),  # duplicated: the last one, as a full parse
+        ("sender", b'{"x": {"sender": "nested"}, "y": [{"sender": 1}]}'),  # only the top level counts
+        ("sender", b'{"x": {"sender": "nested"}, "sender": "top"}'),
+        ("sender", b'{"sender": 7.5e3}'),
+        ("sender", b'{"sender": true}'),
+        ("sender", b'{"sender": "\\u00e9t\\u00e9 \\"quoted\\""}'),
+        ("s\u00e9nder id", '{"s\u00e9nder id": "spaced"}'.encode()),
+        ("a\"b", b'{"a\\"b": "quote in the name"}'),
+        ("sender", b'  {"sender": "padded"}  '),
+        ("sender", b'{"sender": "x"} trailing'),
+        ("sender", b'{"big": 123456789012345678901234567890, "sender": "after a big number"}'),
+        ("sender", b'{"deep": ' + b"[" * 5000 + b"]" * 5000 + b', "sender": "after deep nesting"}'),
+    ],
+)
+def test_the_top_level_field_reader_agrees_with_a_full_parse(field: str, payload: bytes) -> None:
+    """The key field is read without building the rest of the document (`field_decoder`); what it
+    finds must be what a full parse and `scalar_key` find."""
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        expected = None
+    else:
+        expected = scalar_key(doc.get(field)) if isinstance(doc, dict) else None
+    assert extract_key(settings(inspect=field), "a", None, payload) == expected
+
+
+def test_bytes_that_are_not_utf8_elsewhere_do_not_hide_the_key() -> None:
+    """The reader steps over other fields without decoding them: a stray byte there leaves the
+    sender readable (a full parse refused the whole document, and the message went keyless)."""
+    assert extract_key(settings(inspect="sender"), "a", None, b'{"blob": "\xff\xfe", "sender": "n1"}') == "n1"
+    assert extract_key(settings(inspect="sender"), "a", None, b'{"sender": "\xff"}') is None
 
 
 def test_header_key_exact_then_case_insensitive() -> None:
