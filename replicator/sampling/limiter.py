@@ -18,7 +18,8 @@ from msgspec import MsgspecError
 
 from replicator.config.model import TopicConfig
 from replicator.observe.metrics import WorkerMetrics
-from replicator.sampling.keys import field_decoder, identifier, top_level_field, top_level_key_of
+from replicator.sampling.body import field_decoder
+from replicator.sampling.keys import identifier, scalar_key, top_level_field, top_level_key_of
 from replicator.sampling.state.protocol import StateStore
 from replicator.sampling.state.records import Sender
 from replicator.transport.wire import RawMsg
@@ -207,10 +208,10 @@ class Limiter:
             payload = msg.data
             try:
                 value = decode(payload).value
-            except (MsgspecError, ValueError, RecursionError):  # not a string, not JSON: `FieldDecoder`
+            except (MsgspecError, ValueError, RecursionError):  # no JSON object (`body.REFUSED`)
                 return check_key(top_level_key_of(payload, field), False, len(payload), seq)
-            if not value:
-                return check_key(None, False, len(payload), seq)
+            if type(value) is not str or not value:
+                return check_key(scalar_key(value), False, len(payload), seq)
             i = index_get(value)
             now = clock()
             if i is None:

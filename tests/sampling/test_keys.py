@@ -123,3 +123,10 @@ def test_splay_is_deterministic_and_within_ten_percent() -> None:
     assert values == [splay(f"node-{n}", 100.0) for n in range(2000)]
     assert all(0 <= v < 10.0 for v in values)
     assert max(values) > 9.0 and min(values) < 1.0  # actually spread, not one constant
+
+
+def test_integers_beyond_64_bits_stay_exact_keys() -> None:
+    """Node ids of 30 digits: two of them, one apart, are two senders (a float would merge them)."""
+    for path, wrap in (("id", lambda v: {"id": v}), ("identity.id", lambda v: {"identity": {"id": v}})):
+        keys = {extract_key(settings(inspect=path), "a", None, json.dumps(wrap(10**29 + n)).encode()) for n in (1, 2)}
+        assert keys == {str(10**29 + 1), str(10**29 + 2)}
