@@ -10,6 +10,7 @@ import orjson
 
 from replicator.config.model import TopicConfig
 from replicator.sampling.body import REFUSED, BodyReader, field_decoder, parse
+from replicator.transport.header_block import HeaderView
 
 _TRUE_STRINGS = frozenset({"true", "yes", "1"})
 
@@ -41,10 +42,14 @@ def scalar_key(value: Any) -> str | None:
 
 
 def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
-    if not headers:
+    """The exact name first, then any case. A block's view is neither measured (`not headers`
+    would parse it whole) nor parsed for a name that appears nowhere in it, in any case."""
+    if headers is None:
         return None
     value = headers.get(name)
     if value is None:
+        if isinstance(headers, HeaderView) and not headers.may_hold(name):
+            return None
         lowered = name.lower()
         value = next((v for k, v in headers.items() if k.lower() == lowered), None)
     return value or None

@@ -13,6 +13,7 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from msgspec import MsgspecError
 
@@ -22,6 +23,7 @@ from replicator.sampling.body import field_decoder
 from replicator.sampling.keys import identifier, scalar_key, top_level_field, top_level_key_of
 from replicator.sampling.state.protocol import StateStore
 from replicator.sampling.state.records import Sender
+from replicator.transport.header_block import encode as encode_headers
 from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ class Limiter:
         self.unflushed_passed = 0
         self.unflushed_skipped_bytes = 0
         self.unflushed_forced = 0
-        # `check_general`, or its fusion for the commonest setting. The decision when it needs no
+        # `check_general`, or its fusion with the table for a store whose table decides. The decision when it needs no
         # waiting, else what `settle` needs. At fleet rates most messages come from a known sender
         # that is not due: those are skipped here, synchronously, from the store's cache; a store
         # private to this process (memory, file) decides copies here too. Only the shared KV store
@@ -103,11 +105,12 @@ class Limiter:
         self.fused = self._table_check()
         self.check: Check = self.check_general if self.fused is None else self._check_fused
 
-    def _check_fused(self, subject: str, _headers: Mapping[str, str] | None, payload: bytes,
+    def _check_fused(self, subject: str, headers: Mapping[str, str] | None, payload: bytes,
                      seq: int = 0) -> bool | Pending:
         """`check` through the fused delivery check, for a message given by its parts."""
         assert self.fused is not None
-        return self.fused(RawMsg(subject, "", None, payload), [], seq)
+        return self.fused(RawMsg(subject, "", encode_headers(headers) if self.wants_headers else None, payload),
+                          [], seq)
 
     def for_deliveries(self) -> DeliveryCheck:
         """`check` for a delivery as the copy loops hold it (the ack subject's tokens unused):
@@ -185,20 +188,24 @@ class Limiter:
         return True
 
     def _table_check(self) -> DeliveryCheck | None:
-        """The delivery check fused for the commonest setting (a top-level JSON field, no size
-        trigger, a store whose table alone decides): a skipped message at fleet rates costs one
-        read of the key field (`field_decoder`: the rest of the document is stepped over, not
-        built), one lookup and a few array reads, without the calls between them. Anything else (a
-        due or timed-out sender, a key that is not a string) goes on to `check_key` with the key
-        found. A sender missing from the table is new to a store whose table decides: added to the
-        table straight away when no one listens for new senders (both compiled: the worst case,
-        every sender new, then costs about a fifth less), else through the store's `insert`. The
-        table's columns are never replaced, so they are bound once, here."""
-        field = top_level_field(self.settings)
+        """The delivery check fused with the sender table, for a store whose table alone decides
+        (memory, file) and no size trigger: a skipped message at fleet rates costs the key's
+        extraction, one lookup and a few array reads, without the calls between them. The
+        commonest key, a top-level JSON field, is read here too (`field_decoder`: the rest of the
+        document is stepped over, not built); any other key, and the update flag, by `identify`.
+        Anything else (a due or timed-out sender, a forced copy, a key that is not a string, no
+        key) goes on to `check_key` with the key found. A sender missing from the table is new to
+        a store whose table decides: added to the table straight away when no one listens for new
+        senders (both compiled: the worst case, every sender new, then costs about a fifth less),
+        else through the store's `insert`. The table's columns are never replaced, so they are
+        bound once, here."""
         store = self.store
-        if field is None or self.size_trigger or not store.skips_from_table:
+        if self.size_trigger or not store.skips_from_table:
             return None
-        decode = field_decoder(field)
+        field = top_level_field(self.settings)
+        decode = field_decoder(field) if field is not None else None
+        top_field = field or ""
+        identify, wants_headers = self.identify, self.wants_headers
         table = store.table
         index_get, seen, copied, adv, src = table.index.get, table.seen, table.copied, table.adv, table.src
         age, surely_not_due, clock, check_key = self.age, self.surely_not_due, self.clock, self.check_key
@@ -206,12 +213,22 @@ class Limiter:
 
         def check(msg: RawMsg, _tokens: list[str], seq: int) -> bool | Pending:
             payload = msg.data
-            try:
-                value = decode(payload).value
-            except (MsgspecError, ValueError, RecursionError):  # no JSON object (`body.REFUSED`)
-                return check_key(top_level_key_of(payload, field), False, len(payload), seq)
-            if type(value) is not str or not value:
-                return check_key(scalar_key(value), False, len(payload), seq)
+            value: Any
+            if decode is not None:
+                try:
+                    value = decode(payload).value
+                except (MsgspecError, ValueError, RecursionError):  # no JSON object (`body.REFUSED`)
+                    return check_key(top_level_key_of(payload, top_field), False, len(payload), seq)
+                if type(value) is not str or not value:
+                    return check_key(scalar_key(value), False, len(payload), seq)
+            else:
+                try:
+                    value, forced = identify(msg.subject, msg.headers if wants_headers else None, payload)
+                except Exception:  # a sampling bug must not stop replication
+                    log.exception("sampling key extraction failed on %s", msg.subject)
+                    value, forced = None, False
+                if value is None or forced:
+                    return check_key(value, forced, len(payload), seq)
             i = index_get(value)
             now = clock()
             if i is None:

@@ -88,6 +88,10 @@ class HeaderView(Mapping[str, str]):
             at = block.find(needle, at + len(needle))
         return default if found is None else found.strip().decode("utf-8", "replace")
 
+    def may_hold(self, name: str) -> bool:
+        """False when no line can carry `name` in any case: it appears nowhere in the block."""
+        return name.lower().encode() in self.block.lower()
+
     def __getitem__(self, key: str) -> str:
         value = self.get(key)
         if value is None:

@@ -8,6 +8,7 @@ import pytest
 
 from replicator.sampling.keys import extract_key, is_true, key_spec, scalar_key
 from replicator.sampling.limiter import splay
+from replicator.transport.header_block import encode, view
 from tests.sampling.helpers import make_profile
 
 
@@ -130,3 +131,12 @@ def test_integers_beyond_64_bits_stay_exact_keys() -> None:
     for path, wrap in (("id", lambda v: {"id": v}), ("identity.id", lambda v: {"identity": {"id": v}})):
         keys = {extract_key(settings(inspect=path), "a", None, json.dumps(wrap(10**29 + n)).encode()) for n in (1, 2)}
         assert keys == {str(10**29 + 1), str(10**29 + 2)}
+
+
+def test_a_header_key_from_a_raw_block_in_any_case_without_parsing_for_an_absent_name() -> None:
+    s = settings(inspect_header="Sr-Sender")
+    exact, other_case, absent = (view(encode(h)) for h in ({"Sr-Sender": "n1"}, {"sr-sender": "n2"}, {"Other": "n3"}))
+    assert extract_key(s, "x", exact, b"") == "n1"
+    assert extract_key(s, "x", other_case, b"") == "n2"
+    assert extract_key(s, "x", absent, b"") is None
+    assert absent is not None and absent._parsed is None  # a name found nowhere: the block was not parsed

@@ -8,6 +8,8 @@ import json
 import random
 from collections import defaultdict
 
+import pytest
+
 from replicator.sampling.limiter import Limiter, splay
 from replicator.sampling.state.memory import MemoryStore
 from tests.sampling.helpers import FakeClock, body, make_profile, value, worker_metrics
@@ -167,26 +169,42 @@ async def test_every_key_kind_samples_end_to_end(clock: FakeClock) -> None:
         assert value(limiter.metrics.limiter_errors) == 0, name
 
 
-async def test_the_fused_check_decides_exactly_as_the_general_one(clock: FakeClock) -> None:
-    """The commonest setting (a top-level field, memory store) runs a fused check: every kind of
-    message through it and through `check_general`, with the same clock, gets the same decision,
-    the same counts and the same table (new, skipped, due, forgotten and keyless senders, keys
-    that are numbers, empty or missing, bodies that are not JSON, a sender timed out by the
-    advisor, rows freed by the scrubber and taken again)."""
-    fused, fused_store = limiter_for(clock, age=10.0)
-    general, general_store = limiter_for(clock, age=10.0)
-    assert fused.check != fused.check_general  # the fused path is in use for this setting
+KEY_SETTINGS = [
+    {"inspect": "sender"},
+    {"inspect": "identity.fqdn", "update_flag": "updated"},
+    {"inspect": None, "inspect_header": "Sr-Sender", "update_flag": "updated"},
+    {"inspect": None, "inspect_subject_token": 3},
+]
+
+
+@pytest.mark.parametrize("topic", KEY_SETTINGS, ids=lambda t: "+".join(k for k, v in t.items() if v))
+async def test_the_fused_check_decides_exactly_as_the_general_one(clock: FakeClock, topic: dict[str, object]) -> None:
+    """A store whose table decides runs a fused check, whatever the key is: every kind of message
+    through it and through `check_general`, with the same clock, gets the same decision, the same
+    counts and the same table (new, skipped, due, forgotten, forced and keyless senders, keys that
+    are numbers, empty or missing, bodies that are not JSON, a sender timed out by the advisor,
+    rows freed by the scrubber and taken again)."""
+    fused, fused_store = limiter_for(clock, age=10.0, **topic)
+    general, general_store = limiter_for(clock, age=10.0, **topic)
+    assert fused.fused is not None and fused.check != fused.check_general  # the fused path is in use
     general.check = general.check_general
     rng = random.Random(11)
     keys: list[object] = [f"node-{n}" for n in range(40)] + [7, 2.5, True, "", None, {"a": 1}]
     for step in range(3000):
         roll = rng.random()
+        sender = rng.choice(keys)
+        flag = rng.choice([True, "yes", False, None]) if rng.random() < 0.05 else None
+        doc = {"sender": sender, "identity": {"fqdn": sender}, "updated": flag, "pad": "x" * rng.randrange(50)}
         if roll < 0.02:
             payload = b"\x00not json"
         elif roll < 0.04:
             payload = json.dumps({"other": 1}).encode()
         else:
-            payload = json.dumps({"sender": rng.choice(keys), "pad": "x" * rng.randrange(50)}).encode()
+            payload = json.dumps(doc).encode()
+        headers = {"Sr-Sender": str(sender)} if isinstance(sender, str) and rng.random() < 0.95 else None
+        if headers and flag is True and rng.random() < 0.5:
+            headers["updated"] = "true"
+        subject = f"acme.cmdb.{sender}" if isinstance(sender, str) and sender else "acme.cmdb"
         if step == 1500:  # the advisor timed one out: its next message must reach the listeners' path
             for store in (fused_store, general_store):
                 i = store.table.slot("node-3")
@@ -195,14 +213,17 @@ async def test_the_fused_check_decides_exactly_as_the_general_one(clock: FakeClo
         if step in (1000, 2000):  # senders silent for `age` go, and their rows are free
             removed = [await store.scrub(clock.now) for store in (fused_store, general_store)]
             assert removed[0] == removed[1] > 0
-        decisions = [limiter.check("acme.cmdb", None, payload, step + 1) for limiter in (fused, general)]
+        decisions = [limiter.check(subject, headers, payload, step + 1) for limiter in (fused, general)]
         assert decisions[0] == decisions[1], (step, payload)
         clock.advance(rng.choice((0.0, 0.01, 0.5, 3.0, 11.0)) if rng.random() < 0.05 else 0.01)
     for limiter in (fused, general):
         limiter.flush()
-    for name in ("limiter_passed", "limiter_skipped", "limiter_skipped_bytes", "limiter_errors"):
+    for name in ("limiter_passed", "limiter_skipped", "limiter_skipped_bytes", "limiter_errors", "limiter_forced"):
         assert value(getattr(fused.metrics, name)) == value(getattr(general.metrics, name)), name
     assert value(fused.metrics.limiter_skipped) > 1000  # the fused skip path did the work
+    assert value(fused.metrics.limiter_errors) > 0  # keyless messages met
+    if topic.get("update_flag"):
+        assert value(fused.metrics.limiter_forced) > 0  # forced copies met
     assert fused_store.table.snapshot() == general_store.table.snapshot()
 
 
