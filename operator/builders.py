@@ -73,7 +73,8 @@ def build_configmap(spec: ReplicationSpec, config_text: str) -> dict[str, Any]:
 
 
 def _secret_volumes(spec: ReplicationSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Read-only Secret volumes for credentials (the one key) and TLS (the whole Secret)."""
+    """Read-only Secret volumes for credentials (the one key), user and password (the two keys) and
+    TLS (the whole Secret). Whole volumes, never `subPath`, so kubelet's updates reach the pods."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     sides: tuple[Side, Side] = ("source", "target")
@@ -90,6 +91,17 @@ def _secret_volumes(spec: ReplicationSpec) -> tuple[list[dict[str, Any]], list[d
                 },
             })
             mounts.append({"name": vol, "mountPath": worker_config.credentials_dir(side), "readOnly": True})
+        if endpoint.basic_auth:
+            vol = naming.secret_volume_name(side, "basic-auth")
+            volumes.append({
+                "name": vol,
+                "secret": {
+                    "secretName": endpoint.basic_auth.name,
+                    "items": [{"key": key, "path": key} for key in endpoint.basic_auth.keys],
+                    "defaultMode": 0o440,
+                },
+            })
+            mounts.append({"name": vol, "mountPath": worker_config.basic_auth_dir(side), "readOnly": True})
         if endpoint.tls_secret:
             vol = naming.secret_volume_name(side, "tls")
             volumes.append({"name": vol, "secret": {"secretName": endpoint.tls_secret, "defaultMode": 0o440}})
@@ -321,7 +333,8 @@ def build_children(resource: Mapping[str, Any], options: BuildOptions | None = N
 
 @dataclass(frozen=True)
 class SecretNeed:
-    """A Secret the pods mount: one credentials key, or (`key` None) a TLS Secret checked by `tls_problem`."""
+    """A Secret the pods mount: one key of it (credentials, user name, password, S3), or (`key` None) a
+    TLS Secret checked by `tls_problem`."""
 
     side: Side | Literal["fleetHealth"]
     secret: str
@@ -335,6 +348,8 @@ def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
         endpoint = spec.endpoint(side)
         if endpoint.credentials:
             needs.append(SecretNeed(side, endpoint.credentials.name, endpoint.credentials.key))
+        if endpoint.basic_auth:
+            needs += [SecretNeed(side, endpoint.basic_auth.name, key) for key in endpoint.basic_auth.keys]
         if endpoint.tls_secret:
             needs.append(SecretNeed(side, endpoint.tls_secret, None))
     s3 = (spec.fleet_health.raw.get("s3") or {}).get("credentialsSecret") if spec.fleet_health else None

@@ -17,6 +17,7 @@ class Memory:
 
     problems: list[st.Problem] = field(default_factory=list)
     posted: tuple[tuple[str, str], ...] = ()
+    advised: tuple[tuple[str, str], ...] = ()  # the advice last posted (operator/advice.py)
     observed_generation: int | None = None
     status: dict[str, Any] = field(default_factory=dict)
     last_full: float = 0.0

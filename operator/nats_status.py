@@ -44,6 +44,8 @@ class Auth:
     cert: bytes | None = None
     key: bytes | None = None
     names: Mapping[str, str] = field(default_factory=dict)
+    username: bytes | None = None
+    password: bytes | None = None
 
     @property
     def tls(self) -> bool:
@@ -51,11 +53,13 @@ class Auth:
 
     def material(self) -> Material:
         data = {role: value for role, value in (("ca", self.ca), ("cert", self.cert), ("key", self.key),
-                                                ("creds", self.credentials)) if value is not None}
+                                                ("creds", self.credentials), ("username", self.username),
+                                                ("password", self.password)) if value is not None}
         def name(role: str) -> str | None:
             return self.names.get(role, role) if role in data else None
 
-        files = MaterialFiles(tls=self.tls, ca=name("ca"), cert=name("cert"), key=name("key"), creds=name("creds"))
+        files = MaterialFiles(tls=self.tls, ca=name("ca"), cert=name("cert"), key=name("key"), creds=name("creds"),
+                              username=name("username"), password=name("password"))
         try:
             return build(files, data)
         except MaterialError as err:
@@ -69,10 +73,19 @@ def auth_from_secrets(endpoint: Endpoint, secrets: Mapping[str, Mapping[str, byt
     if endpoint.credentials:
         creds = secrets.get(endpoint.credentials.name, {}).get(endpoint.credentials.key)
         names["creds"] = f'secret "{endpoint.credentials.name}" key "{endpoint.credentials.key}"'
+    basic: dict[str, bytes | None] = {}
+    if endpoint.basic_auth:
+        ref = endpoint.basic_auth
+        for role, key in (("username", ref.username_key), ("password", ref.password_key)):
+            basic[role] = secrets.get(ref.name, {}).get(key)
+            names[role] = f'secret "{ref.name}" key "{key}"'
+            if basic[role] is None:  # checked before, but the Secret may have changed since
+                raise NatsStatusError(f'secret "{ref.name}" has no key "{key}"')
     tls: Mapping[str, bytes] = secrets.get(endpoint.tls_secret, {}) if endpoint.tls_secret else {}
     for role, key in (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)):
         names[role] = f'secret "{endpoint.tls_secret}" key "{key}"'
-    return Auth(credentials=creds, ca=tls.get(TLS_CA), cert=tls.get(TLS_CERT), key=tls.get(TLS_KEY), names=names)
+    return Auth(credentials=creds, ca=tls.get(TLS_CA), cert=tls.get(TLS_CERT), key=tls.get(TLS_KEY), names=names,
+                username=basic.get("username"), password=basic.get("password"))
 
 
 def ssl_context(auth: Auth) -> ssl.SSLContext:
@@ -94,6 +107,8 @@ async def connect(url: str, auth: Auth, time_limit: float) -> Client:
     if material.user is not None:  # signs the nonce of each CONNECT with the seed from the Secret
         options["signature_cb"] = material.user.sign
         options["user_jwt_cb"] = material.user.user_jwt
+    if material.basic is not None:  # the user and password from the Secret, never from the URL
+        options["user"], options["password"] = material.basic.user, material.basic.password
     if auth.tls or any(s.startswith(("tls://", "wss://")) for s in servers):
         options["tls"] = material.ssl_context or ssl.create_default_context()
 

@@ -8,7 +8,6 @@ last, the last problems and status) that makes child events cheap; a restart reb
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import datetime as dt
 import logging
@@ -19,7 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from replication_operator import builders, engine, images, naming, nats_status, policy, spark_application
+from replication_operator import (
+    advice,
+    builders,
+    engine,
+    images,
+    naming,
+    nats_status,
+    policy,
+    secret_checks,
+    spark_application,
+)
 from replication_operator import status as st
 from replication_operator.builders import (
     BuildOptions,
@@ -28,13 +37,13 @@ from replication_operator.builders import (
     contains,
     controlled_by,
 )
-from replication_operator.certificates import certificate_event, secret_certificates
+from replication_operator.certificates import certificate_event
 from replication_operator.kube import APIError, APINotFoundError, KubeApi, error_text
 from replication_operator.memory import Memory
 from replication_operator.metrics import OperatorMetrics
 from replication_operator.native_engine import NativeEngine
 from replication_operator.native_nats import NativeError
-from replication_operator.spec import ReplicationSpec, SpecError, parse_spec
+from replication_operator.spec import Endpoint, ReplicationSpec, SpecError, parse_spec
 
 from replicator.config.durations import parse_duration
 from replicator.observe.monitor import MonitorServer
@@ -190,6 +199,7 @@ class Reconciler:
         try:
             spec = parse_spec(body)
             desired_replicas = spec.replicas
+            self._advise(body, memory, spec)
         except SpecError as err:
             problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 
@@ -244,54 +254,8 @@ class Reconciler:
             log.warning("cannot read %s %s/%s: %s", kind.kind, namespace, name, error_text(err))
             return None
 
-    async def _check_secrets(
-        self, spec: ReplicationSpec
-    ) -> tuple[list[st.Problem], dict[str, frozenset[str]], list[st.MountedCertificate]]:
-        """Every referenced Secret exists, may be used (policy) and has its keys; returns the TLS
-        Secrets' keys for the config and the certificates they hold (for `CertificatesExpiring`).
-        Only key names and certificates (public) are kept, never other values."""
-        problems: list[st.Problem] = []
-        keys: dict[str, frozenset[str]] = {}
-        labels: dict[str, dict[str, Any]] = {}
-        held: dict[str, list[st.MountedCertificate]] = {}  # TLS Secret name -> its certificates
-        missing: dict[str, str] = {}  # Secret name -> why it is unusable
-        ns = spec.namespace
-        needs = builders.secret_needs(spec)
-        tls = {need.secret for need in needs if need.key is None}
-        for name in dict.fromkeys(need.secret for need in needs):
-            try:
-                secret = await self.api.get(naming.SECRET, ns, name)
-                if secret is None:
-                    missing[name] = f'not found in namespace "{ns}"'
-                else:
-                    labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
-                    keys[name] = frozenset((secret.get("data") or {}).keys())
-                    if name in tls:
-                        held[name] = secret_certificates(name, secret)
-            except (APIError, TimeoutError) as err:
-                missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
-        problems.extend(
-            st.Problem(v.reason, v.message) for v in policy.secret_violations(self.policy, ns, labels))
-        refused = {name for name in labels if not policy.secret_usable(self.policy, ns, labels[name])}
-        certificates = [c for name, found in held.items() if name not in refused for c in found]
-        for need in needs:
-            if need.secret in refused:
-                continue  # nothing more is said about a Secret the resource may not use
-            if need.secret in missing:
-                what = f' (key "{need.key}")' if need.key else " (TLS)"
-                problems.append(st.Problem(
-                    st.SECRET_MISSING, f'secret "{need.secret}"{what} {missing[need.secret]}'))
-            elif need.key is not None and need.key not in keys[need.secret]:
-                problems.append(st.Problem(
-                    st.SECRET_KEY_MISSING,
-                    f'secret "{need.secret}" has no key "{need.key}" in namespace "{ns}"'))
-            elif need.key is None:
-                lack = builders.tls_problem(keys[need.secret])
-                if lack:
-                    problems.append(st.Problem(
-                        st.SECRET_KEY_MISSING,
-                        f'TLS secret "{need.secret}" lacks {lack} in namespace "{ns}"'))
-        return problems, keys, certificates
+    async def _check_secrets(self, spec: ReplicationSpec) -> secret_checks.SecretCheck:
+        return await secret_checks.check_secrets(self.api, self.policy, spec)
 
     async def _apply(
         self, body: Mapping[str, Any], children: Children, cause: str
@@ -379,6 +343,14 @@ class Reconciler:
         level = logging.WARNING if kind == "Warning" else logging.INFO
         meta = body["metadata"]
         log.log(level, "%s/%s: %s: %s", meta.get("namespace"), meta.get("name"), reason, message)
+
+    def _advise(self, body: Mapping[str, Any], memory: Memory, spec: ReplicationSpec) -> None:
+        """A Warning event per new piece of advice about a spec that is built anyway."""
+        current = tuple(advice.advise(spec))
+        for reason, message in current:
+            if (reason, message) not in memory.advised:
+                self._event(body, "Warning", reason, message)
+        memory.advised = current
 
     def _post_problems(self, body: Mapping[str, Any], memory: Memory, problems: list[st.Problem]) -> None:
         """A Warning event per new problem; one Normal event when they are all gone."""
@@ -558,24 +530,9 @@ class Reconciler:
         if done:
             self._event(body, "Normal", "SourceRemoved", done)
 
-    async def _auth(self, spec: ReplicationSpec, endpoint: Any) -> nats_status.Auth:
-        secrets: dict[str, dict[str, bytes]] = {}
-        names = [endpoint.credentials.name if endpoint.credentials else None, endpoint.tls_secret]
-        for name in filter(None, names):
-            try:
-                secret = await self.api.get(naming.SECRET, spec.namespace, name)
-            except (APIError, TimeoutError) as err:
-                raise nats_status.NatsStatusError(
-                    f'secret "{name}" cannot be read: {error_text(err)}') from None
-            if secret is None:
-                raise nats_status.NatsStatusError(
-                    f'secret "{name}" not found in namespace "{spec.namespace}"')
-            # Checked again as the values are read: the label may have gone since the last pass.
-            if not policy.secret_usable(self.policy, spec.namespace, (secret.get("metadata") or {}).get("labels")):
-                raise nats_status.NatsStatusError(
-                    f'secret "{name}" is no longer labelled {policy.USABLE_LABEL}={policy.USABLE_VALUE}')
-            secrets[name] = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
-        return nats_status.auth_from_secrets(endpoint, secrets)
+    async def _auth(self, spec: ReplicationSpec, endpoint: Endpoint) -> nats_status.Auth:
+        """One side's NATS material from its Secrets, read now (the status probe, the native engine)."""
+        return await secret_checks.read_auth(self.api, self.policy, spec, endpoint)
 
     def _nats_error(
         self, body: Mapping[str, Any], memory: Memory, what: str, reason: str, message: str

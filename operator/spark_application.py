@@ -2,12 +2,12 @@
 
 The Spark operator then runs `replicator/fleet_health/app.py` on the schedule, one run at a time
 (`Forbid`: runs are incremental and must not overlap). The job talks to the advisory cluster with that
-cluster's own NATS credentials and TLS Secret, mounted into the driver and every executor (each
-executor reads its share of the stream itself); the command line names only the mounted files, so no
-secret reaches the Spark conf, the pods' command lines or the event log. An `s3a://` output brings
-the Hadoop AWS connector of PySpark's own Hadoop version and its credentials from a named Secret
-(env) or the pods' identity; other object stores need their connector in `packages`. Owner
-references are the caller's business.
+cluster's own NATS credentials (or user and password) and TLS Secret, mounted into the driver and
+every executor (each executor reads its share of the stream itself); the command line names only the
+mounted files, so no secret reaches the Spark conf, the pods' command lines or the event log. An
+`s3a://` output brings the Hadoop AWS connector of PySpark's own Hadoop version and its credentials
+from a named Secret (env) or the pods' identity; other object stores need their connector in
+`packages`. Owner references are the caller's business.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from replication_operator import images
 from replication_operator.spec import SpecError
 
 from replicator.config.durations import parse_duration
+from replicator.config.urls import url_options
 
 API_VERSION = "sparkoperator.k8s.io/v1beta2"
 KIND = "ScheduledSparkApplication"
@@ -36,6 +37,8 @@ DEFAULT_CREDENTIALS_KEY = "user.creds"
 # Kubeflow's chart creates this account (with rights to start executor pods) in job namespaces.
 DEFAULT_SERVICE_ACCOUNT = "spark-operator-spark"
 CREDENTIALS_DIR = "/etc/stream-replicator/nats"
+BASIC_AUTH_DIR = "/etc/stream-replicator/nats-basic-auth"
+DEFAULT_USERNAME_KEY, DEFAULT_PASSWORD_KEY = "username", "password"
 TLS_DIR = "/etc/stream-replicator/tls"
 TLS_FILES = (("ca.crt", "--tls-ca"), ("tls.crt", "--tls-cert"), ("tls.key", "--tls-key"))
 # The Hadoop that PySpark (and so the Spark image) bundles: pyspark/jars/hadoop-client-api-<version>.jar.
@@ -130,10 +133,19 @@ def _nats_files(
     arguments: list[str] = []
     secrets: list[dict[str, str]] = []
     secret_ref: Mapping[str, Any] = cluster.get("credentialsSecret") or {}
+    basic: Mapping[str, Any] = cluster.get("basicAuthSecret") or {}
+    if secret_ref and basic:
+        raise SpecError("the advisory cluster's credentialsSecret and basicAuthSecret exclude each other: "
+                        "one way to authenticate")
     if secret_ref.get("name"):
         key = secret_ref.get("key") or DEFAULT_CREDENTIALS_KEY
         arguments += ["--credentials", f"{CREDENTIALS_DIR}/{key}"]
         secrets.append({"name": str(secret_ref["name"]), "path": CREDENTIALS_DIR, "secretType": "Generic"})
+    if basic.get("name"):  # the whole Secret is mounted; the job reads the two keys at each connect
+        user = basic.get("usernameKey") or DEFAULT_USERNAME_KEY
+        password = basic.get("passwordKey") or DEFAULT_PASSWORD_KEY
+        arguments += ["--user-file", f"{BASIC_AUTH_DIR}/{user}", "--password-file", f"{BASIC_AUTH_DIR}/{password}"]
+        secrets.append({"name": str(basic["name"]), "path": BASIC_AUTH_DIR, "secretType": "Generic"})
     tls_secret = cluster.get("tlsSecret")
     if tls_secret:
         keys = (tls_keys or {}).get(str(tls_secret), [k for k, _ in TLS_FILES])
@@ -146,6 +158,13 @@ def _nats_files(
                 arguments += [flag, f"{TLS_DIR}/{key}"]
         secrets.append({"name": str(tls_secret), "path": TLS_DIR, "secretType": "Generic"})
     return arguments, secrets
+
+
+def _userinfo(url: str) -> bool:
+    try:
+        return url_options(url).userinfo is not None
+    except ValueError:
+        return False  # the job names the URL's problem
 
 
 def _storage(fleet: Mapping[str, Any], output: str) -> tuple[list[str], dict[str, str], list[dict[str, Any]]]:
@@ -234,6 +253,9 @@ def build_scheduled_spark_application(
         str(instances * cores),
     ]
     nats_arguments, secrets = _nats_files(cluster, tls_keys)
+    if cluster.get("basicAuthSecret") and _userinfo(str(url)):
+        raise SpecError("spec.fleetHealth.url carries credentials and the advisory cluster has a basicAuthSecret: "
+                        "one way to authenticate (drop them from the URL)")
     arguments += nats_arguments
     packages, storage_hadoop, env = _storage(fleet, str(output))
 

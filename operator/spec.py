@@ -13,13 +13,19 @@ from typing import Any, Literal
 
 from replication_operator import naming
 
+from replicator.config.urls import url_options
+
 DEFAULTS: dict[str, Any] = {
     "engine": "auto",
     "mode": "ordered",
     "replicas": 1,
     "workersPerPod": 1,
     "source.credentialsSecret.key": "user.creds",
+    "source.basicAuthSecret.usernameKey": "username",
+    "source.basicAuthSecret.passwordKey": "password",
     "target.credentialsSecret.key": "user.creds",
+    "target.basicAuthSecret.usernameKey": "username",
+    "target.basicAuthSecret.passwordKey": "password",
     "target.create": True,
     "advisory.cluster": "target",
     "heartbeats.cluster": "source",
@@ -52,6 +58,19 @@ class SecretKeyRef:
 
 
 @dataclass(frozen=True)
+class BasicAuthRef:
+    """A user name and password in one Secret (the keys of a `kubernetes.io/basic-auth` Secret)."""
+
+    name: str
+    username_key: str = "username"
+    password_key: str = "password"
+
+    @property
+    def keys(self) -> tuple[str, str]:
+        return self.username_key, self.password_key
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """One side of the replication: NATS URL, stream and the Secrets to reach it."""
 
@@ -60,6 +79,14 @@ class Endpoint:
     stream: str | None = None
     credentials: SecretKeyRef | None = None
     tls_secret: str | None = None
+    basic_auth: BasicAuthRef | None = None
+
+    @property
+    def secrets(self) -> list[str]:
+        """The Secrets this side reads (credentials, user and password, TLS), each once."""
+        names = [self.credentials.name if self.credentials else None,
+                 self.basic_auth.name if self.basic_auth else None, self.tls_secret]
+        return list(dict.fromkeys(n for n in names if n))
 
 
 @dataclass(frozen=True)
@@ -216,16 +243,45 @@ def _secret(data: Mapping[str, Any], side: str) -> SecretKeyRef | None:
     return SecretKeyRef(name=str(ref["name"]), key=str(key))
 
 
+def _basic_auth(data: Mapping[str, Any], side: str) -> BasicAuthRef | None:
+    ref = _get(data, f"{side}.basicAuthSecret")
+    if not ref:
+        return None
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        raise SpecError(f"spec.{side}.basicAuthSecret.name is required")
+    keys = [str(ref.get(k) or DEFAULTS[f"{side}.basicAuthSecret.{k}"]) for k in ("usernameKey", "passwordKey")]
+    if keys[0] == keys[1]:
+        raise SpecError(f"spec.{side}.basicAuthSecret: usernameKey and passwordKey must differ, not both {keys[0]!r}")
+    return BasicAuthRef(name=str(ref["name"]), username_key=keys[0], password_key=keys[1])
+
+
+def auth_ways(side: Side, section: Mapping[str, Any]) -> list[str]:
+    """The ways a side authenticates, as the fields that give them: Secrets and what its URL carries."""
+    ways = [f"spec.{side}.{k}" for k in ("credentialsSecret", "basicAuthSecret") if section.get(k)]
+    try:
+        opts = url_options(str(section.get("url") or ""))
+    except ValueError:
+        return ways  # the worker config's validation names the URL's problem
+    if opts.userinfo:
+        ways.append(f"a {opts.userinfo} in spec.{side}.url")
+    ways += [f"?{k}= in spec.{side}.url" for k in ("credentials", "jwt") if getattr(opts, k)]
+    return ways
+
+
 def _endpoint(data: Mapping[str, Any], side: Side) -> dict[str, Any]:
     section = data.get(side)
     if not isinstance(section, Mapping) or not section.get("url"):
         raise SpecError(f"spec.{side}.url is required")
+    ways = auth_ways(side, section)
+    if len(ways) > 1:
+        raise SpecError(f"{' and '.join(ways)} exclude each other: one way to authenticate the {side}")
     return {
         "side": side,
         "url": str(section["url"]),
         "stream": section.get("stream"),
         "credentials": _secret(data, side),
         "tls_secret": section.get("tlsSecret"),
+        "basic_auth": _basic_auth(data, side),
     }
 
 

@@ -29,9 +29,21 @@ def tls_dir(side: Side) -> str:
     return f"{naming.SECRETS_DIR}/{side}-tls"
 
 
+def basic_auth_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-basic-auth"
+
+
 def credentials_path(spec: ReplicationSpec, side: Side) -> str | None:
     ref = spec.endpoint(side).credentials
     return f"{credentials_dir(side)}/{ref.key}" if ref else None
+
+
+def basic_auth_paths(spec: ReplicationSpec, side: Side) -> tuple[str, str] | None:
+    """The mounted user name and password files: paths in the config, the values only in the pod."""
+    ref = spec.endpoint(side).basic_auth
+    if ref is None:
+        return None
+    return f"{basic_auth_dir(side)}/{ref.username_key}", f"{basic_auth_dir(side)}/{ref.password_key}"
 
 
 def tls_settings(spec: ReplicationSpec, side: Side, keys: Collection[str]) -> dict[str, str] | None:
@@ -118,6 +130,9 @@ def build_worker_config(
         creds = credentials_path(spec, side)
         if creds:
             topic[f"{side}_credentials"] = creds
+        basic = basic_auth_paths(spec, side)
+        if basic:
+            topic[f"{side}_user_file"], topic[f"{side}_password_file"] = basic
         secret = spec.endpoint(side).tls_secret
         keys = (tls_keys or {}).get(secret or "", ALL_TLS_KEYS)
         tls = tls_settings(spec, side, keys)
@@ -149,8 +164,9 @@ def heartbeats_settings(spec: ReplicationSpec, topic: Mapping[str, Any]) -> dict
         "subjects": [{"subject": s.subject, "headers": dict(s.headers), **({"interval": s.interval} if s.interval
                                                                             else {})} for s in hb.subjects],
     }
-    if f"{side}_credentials" in topic:
-        out["credentials"] = topic[f"{side}_credentials"]
+    for key in ("credentials", "user_file", "password_file"):
+        if f"{side}_{key}" in topic:
+            out[key] = topic[f"{side}_{key}"]
     if f"{side}_tls" in topic:
         out["tls"] = topic[f"{side}_tls"]
     return out

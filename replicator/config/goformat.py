@@ -337,7 +337,7 @@ def _map_stream(go: GoConfig, index: int, s: GoStream, warnings: list[str],
             opts = url_options(getattr(s, f"{side}_url"))
         except ValueError:
             opts = None  # the model names the URL's problem
-        if opts is not None and (opts.credentials or opts.jwt):
+        if opts is not None and (opts.credentials or opts.jwt or opts.userinfo):
             choria = None  # the URL's credentials come later in the Go tool's options, and win
         if choria is not None and not choria.empty:
             topic[f"{side}_jwt_file"], topic[f"{side}_seed_file"] = choria.jwt_file, choria.seed_file
@@ -396,6 +396,12 @@ def _map_heartbeats(hb: GoHeartbeats) -> dict[str, Any]:
         out["leader_election_bucket"] = ELECTION_BUCKET
     if hb.tls is not None and not hb.tls.empty:
         out["tls"] = hb.tls.as_model()
+    try:
+        opts = url_options(hb.url)
+    except ValueError:
+        opts = None  # the model names the URL's problem
+    if opts is not None and (opts.credentials or opts.jwt or opts.userinfo):
+        return out  # the URL's credentials win over `choria`, as for a stream
     if hb.choria is not None and not hb.choria.empty:
         out.update(jwt_file=hb.choria.jwt_file, seed_file=hb.choria.seed_file)
     return out

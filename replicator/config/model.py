@@ -11,6 +11,7 @@ import datetime as dt
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -139,6 +140,12 @@ class TopicConfig(Strict):
     source_seed_file: str | None = None
     target_jwt_file: str | None = None
     target_seed_file: str | None = None
+    # User/password authentication from two files (a mounted `kubernetes.io/basic-auth` Secret),
+    # read again at every reconnect: the password stays out of the URL, the config and logs.
+    source_user_file: str | None = None
+    source_password_file: str | None = None
+    target_user_file: str | None = None
+    target_password_file: str | None = None
     durable: str | None = None
     ephemeral: bool = False
     leader_election_bucket: str | None = None
@@ -208,14 +215,8 @@ class TopicConfig(Strict):
                 raise ValueError(f"{key} is for ordered mode (one worker, not queued); scaled mode's consumer "
                                  "is queue_group")
         for side in ("source", "target"):
-            jwt, seed = getattr(self, f"{side}_jwt_file"), getattr(self, f"{side}_seed_file")
-            if bool(jwt) != bool(seed):
-                raise ValueError(f"{side}_jwt_file and {side}_seed_file go together (a user JWT and its nkey seed)")
-            opts = url_options(getattr(self, f"{side}_url"))
-            given = [k for k in (f"{side}_credentials", f"{side}_jwt_file") if getattr(self, k)]
-            given += [f"{side}_url ?{k}=" for k in ("credentials", "jwt") if getattr(opts, k)]
-            if len(given) > 1:
-                raise ValueError(f"one way to authenticate the {side} at a time, not {given}")
+            check_auth({key: getattr(self, f"{side}_{key}") for key in AUTH_KEYS}, f"{side}_",
+                       getattr(self, f"{side}_url"), side)
         return self
 
     @property
@@ -269,6 +270,8 @@ class HeartbeatsConfig(Strict):
     credentials: str | None = None
     jwt_file: str | None = None
     seed_file: str | None = None
+    user_file: str | None = None
+    password_file: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -284,9 +287,30 @@ class HeartbeatsConfig(Strict):
 
     @model_validator(mode="after")
     def _auth(self) -> HeartbeatsConfig:
-        if bool(self.jwt_file) != bool(self.seed_file):
-            raise ValueError("jwt_file and seed_file go together (a user JWT and its nkey seed)")
+        check_auth({key: getattr(self, key) for key in AUTH_KEYS}, "", self.url, "heartbeat connection")
         return self
+
+
+# A connection's credential keys (`source_` + key in a topic, bare in `heartbeats`).
+AUTH_KEYS = ("credentials", "jwt_file", "seed_file", "user_file", "password_file")
+
+
+def check_auth(value: Mapping[str, str | None], prefix: str, url: str, what: str) -> None:
+    """A connection's credentials: the two-file pairs complete, and one way to authenticate at a
+    time (a `.creds` file, a JWT with its seed, a user and password file, the URL's query options
+    or its `user:password@` / `token@`). `value` maps `AUTH_KEYS` to the connection's settings,
+    `prefix` is how its keys are spelt (`source_`)."""
+    for first, second, meaning in (("jwt_file", "seed_file", "a user JWT and its nkey seed"),
+                                   ("user_file", "password_file", "a user name and its password")):
+        if bool(value[first]) != bool(value[second]):
+            raise ValueError(f"{prefix}{first} and {prefix}{second} go together ({meaning})")
+    opts = url_options(url)
+    given = [f"{prefix}{k}" for k in ("credentials", "jwt_file", "user_file") if value[k]]
+    given += [f"{prefix}url ?{k}=" for k in ("credentials", "jwt") if getattr(opts, k)]
+    if opts.userinfo:
+        given.append(f"{prefix}url {opts.userinfo}@")
+    if len(given) > 1:
+        raise ValueError(f"one way to authenticate the {what} at a time, not {given}")
 
 
 @dataclass(frozen=True)
@@ -427,6 +451,11 @@ class Profile:
         opts = self.url_options(side)
         return (opts.jwt, opts.nkey) if opts.jwt and opts.nkey else None
 
+    def basic_auth_for(self, side: Literal["source", "target"]) -> tuple[str, str] | None:
+        """(user name file, password file) of a side, when it authenticates with them."""
+        user, password = getattr(self.settings, f"{side}_user_file"), getattr(self.settings, f"{side}_password_file")
+        return (user, password) if user and password else None
+
     def connect_timeout_for(self, side: Literal["source", "target"]) -> float | None:
         return self.url_options(side).connect_timeout
 
@@ -453,6 +482,10 @@ class Profile:
                 if not os.access(path, os.R_OK):
                     key = self.key(f"{side}_{label}" if getattr(self.settings, f"{side}_{label}") else f"{side}_url")
                     raise ConfigError(f"{self.source}: {key}: file {path} is not readable")
+            basic = self.basic_auth_for(side)  # type: ignore[arg-type]
+            for label, path in zip(("user_file", "password_file"), basic or (), strict=False):
+                if not os.access(path, os.R_OK):
+                    raise ConfigError(f"{self.source}: {self.key(f'{side}_{label}')}: file {path} is not readable")
 
     def state_file(self) -> Path:
         assert self.config.state_dir

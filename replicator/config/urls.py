@@ -9,6 +9,7 @@ without its query.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from replicator.config.durations import parse_go_duration
@@ -29,6 +30,9 @@ class UrlOptions:
     tls_handshake_first: bool = False
     insecure: bool = False
     connect_timeout: float | None = None
+    # Credentials written into the URLs themselves (`user:password@`, `token@`): a way to
+    # authenticate, but one that anyone who reads the config or the command line reads too.
+    userinfo: Literal["user:password", "token"] | None = None
 
 
 def split_urls(value: str) -> list[str]:
@@ -49,13 +53,16 @@ def url_options(value: str) -> UrlOptions:
     """The servers without query strings and the options of the first query; ValueError when wrong."""
     servers: list[str] = []
     query: dict[str, list[str]] | None = None
+    userinfo: Literal["user:password", "token"] | None = None
     for url in split_urls(value):
         parts = urlsplit(url)
         if parts.query and query is None:
             query = parse_qs(parts.query, keep_blank_values=True)
+        if (parts.username or parts.password) and userinfo != "user:password":
+            userinfo = "user:password" if parts.password is not None else "token"
         servers.append(urlunsplit(parts._replace(query="", fragment="")))
     if not query:
-        return UrlOptions(tuple(servers))
+        return UrlOptions(tuple(servers), userinfo=userinfo)
     unknown = sorted(set(query) - set(QUERY_OPTIONS))
     if unknown:
         raise ValueError(f"unknown URL option {', '.join(unknown)} (known: {', '.join(QUERY_OPTIONS)})")
@@ -87,4 +94,5 @@ def url_options(value: str) -> UrlOptions:
                                                                      query["tls_handshake_first"]),
         insecure="insecure" in query and _bool("insecure", query["insecure"]),
         connect_timeout=timeout,
+        userinfo=userinfo,
     )

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     auth.add_argument("--credentials", default=None, help="NATS credentials (.creds) file")
     auth.add_argument("--user-jwt", default=None, help="user JWT file (decentralised auth), with --nkey-seed")
     auth.add_argument("--nkey-seed", default=None, help="user nkey seed file: signs the server's nonce")
+    auth.add_argument("--user-file", default=None, help="file holding the NATS user name, with --password-file")
+    auth.add_argument("--password-file", default=None,
+                      help="file holding the user's password (kept out of the command line, read at each connect)")
     auth.add_argument("--tls-scheme", choices=("manual", "puppet"), default=None,
                       help="manual: --tls-ca/--tls-cert/--tls-key; puppet: --tls-ssl-dir and --tls-identity")
     auth.add_argument("--tls-ca", default=None, help="CA bundle that verifies the servers")
@@ -56,6 +59,7 @@ def connection_from_args(args: argparse.Namespace) -> NatsConnection:
     try:
         return NatsConnection.build(
             args.url, credentials=args.credentials, user_jwt=args.user_jwt, nkey_seed=args.nkey_seed,
+            user_file=args.user_file, password_file=args.password_file,
             tls_scheme=args.tls_scheme, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
             tls_ssl_dir=args.tls_ssl_dir, tls_identity=args.tls_identity, tls_insecure=args.tls_insecure,
         )
@@ -76,11 +80,12 @@ def check_files(args: argparse.Namespace, connection: NatsConnection) -> None:
 
 
 _FILE_FLAGS = {"ca": "--tls-ca", "cert": "--tls-cert", "key": "--tls-key", "creds": "--credentials",
-               "jwt": "--user-jwt", "seed": "--nkey-seed"}
+               "jwt": "--user-jwt", "seed": "--nkey-seed", "username": "--user-file", "password": "--password-file"}
 
 
 # The connection's messages name reader options (and the config file's tls keys); here, flags.
 _FLAGS = {"user_jwt": "--user-jwt", "nkey_seed": "--nkey-seed", "credentials": "--credentials",
+          "user_file": "--user-file", "password_file": "--password-file",
           "tls_scheme": "--tls-scheme", "cert and key": "--tls-cert and --tls-key", "ssl_dir": "--tls-ssl-dir"}
 
 

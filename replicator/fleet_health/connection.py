@@ -1,28 +1,31 @@
 """How the job reaches the advisory cluster: URLs and the files to read, the same on every process.
 
 Every connection setting the replicator has is here: TLS `manual` (ca, cert, key) or `puppet`
-(ssl_dir + identity), a `.creds` file, a user JWT file with its nkey seed file (or a seed alone),
-and user/password or a token in the URL. The settings hold only URLs and file *paths*; the driver
-resolves them once (the Puppet identity defaults to the driver's FQDN) and ships them inside the
-pickled reader, so each executor opens the same files with the replicator's own connection code
-(`transport/connections.py`, `transport/material.py`) and nothing secret travels in the Spark conf.
+(ssl_dir + identity), a `.creds` file, a user JWT file with its nkey seed file (or a seed alone), a
+user name file with a password file, and user/password or a token in the URL. The settings hold
+only URLs and file *paths*; the driver resolves them once (the Puppet identity defaults to the
+driver's FQDN) and ships them inside the pickled reader, so each executor opens the same files with
+the replicator's own connection code (`transport/connections.py`, `transport/material.py`) and
+nothing secret travels in the Spark conf.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nats.aio.client import Client
 from pydantic import ValidationError
 
 from replicator.config.model import TLSConfig
+from replicator.config.urls import url_options
 from replicator.transport.connections import connect_files
 from replicator.transport.material import MaterialFiles
 
 # Reader option -> command-line flag (`--tls-ca` ...), for messages and for the job's arguments.
-FILE_OPTIONS = ("credentials", "user_jwt", "nkey_seed", "tls_ca", "tls_cert", "tls_key", "tls_ssl_dir")
+FILE_OPTIONS = ("credentials", "user_jwt", "nkey_seed", "user_file", "password_file", "tls_ca", "tls_cert",
+                "tls_key", "tls_ssl_dir")
 OPTIONS = (*FILE_OPTIONS, "tls_scheme", "tls_identity", "tls_insecure")
 
 
@@ -45,6 +48,8 @@ class NatsConnection:
         credentials: str | None = None,
         user_jwt: str | None = None,
         nkey_seed: str | None = None,
+        user_file: str | None = None,
+        password_file: str | None = None,
         tls_scheme: str | None = None,
         tls_ca: str | None = None,
         tls_cert: str | None = None,
@@ -54,11 +59,18 @@ class NatsConnection:
         tls_insecure: bool = False,
     ) -> NatsConnection:
         """Validated as the config file's `tls` block is; `ValueError` names the option at fault."""
-        if credentials and (user_jwt or nkey_seed):
-            raise ValueError("credentials (a .creds file) and user_jwt/nkey_seed exclude each other")
         if user_jwt and not nkey_seed:
             raise ValueError("user_jwt needs nkey_seed: the seed signs the server's nonce")
-        files = MaterialFiles(creds=credentials or None, jwt=user_jwt or None, seed=nkey_seed or None)
+        if bool(user_file) != bool(password_file):
+            raise ValueError("user_file and password_file go together (a user name and its password)")
+        ways = [name for name, given in (("credentials", credentials), ("user_jwt/nkey_seed", user_jwt or nkey_seed),
+                                         ("user_file/password_file", user_file)) if given]
+        if user_file and _userinfo(url):  # (credentials in the URL next to a .creds file: as before)
+            ways.insert(0, "a user:password or token in the url")
+        if len(ways) > 1:
+            raise ValueError(f"{' and '.join(ways)} exclude each other: one way to authenticate")
+        files = MaterialFiles(creds=credentials or None, jwt=user_jwt or None, seed=nkey_seed or None,
+                              username=user_file or None, password=password_file or None)
         scheme = tls_scheme or ("puppet" if tls_ssl_dir else "manual")
         tls_given = any((tls_ca, tls_cert, tls_key, tls_ssl_dir, tls_identity, tls_insecure, tls_scheme))
         if tls_given:
@@ -69,8 +81,7 @@ class NatsConnection:
                 problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
                 raise ValueError(f"TLS options (tls_scheme {scheme}): {problems}") from None
             ca, cert, key = tls.files()
-            files = MaterialFiles(tls=True, ca=ca, cert=cert, key=key, insecure=tls.insecure,
-                                  creds=files.creds, jwt=files.jwt, seed=files.seed)
+            files = replace(files, tls=True, ca=ca, cert=cert, key=key, insecure=tls.insecure)
         return cls(url=url, files=files)
 
     @classmethod
@@ -91,7 +102,8 @@ class NatsConnection:
         f = self.files
         out = {"url": self.url}
         for option, value in (("credentials", f.creds), ("user_jwt", f.jwt), ("nkey_seed", f.seed),
-                              ("tls_ca", f.ca), ("tls_cert", f.cert), ("tls_key", f.key)):
+                              ("user_file", f.username), ("password_file", f.password), ("tls_ca", f.ca),
+                              ("tls_cert", f.cert), ("tls_key", f.key)):
             if value:
                 out[option] = value
         if f.tls:
@@ -99,6 +111,13 @@ class NatsConnection:
             if f.insecure:
                 out["tls_insecure"] = "true"
         return out
+
+
+def _userinfo(url: str) -> bool:
+    try:
+        return url_options(url).userinfo is not None
+    except ValueError:
+        return False  # connecting names the URL's problem
 
 
 def as_connection(target: NatsConnection | str, credentials: str | None = None) -> NatsConnection:

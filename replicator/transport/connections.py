@@ -34,13 +34,15 @@ class ConnectError(Exception):
 
 
 def material_files(profile: Profile, side: Side) -> MaterialFiles:
-    """The files one side reads: its TLS settings (if any) and its credentials: a `.creds` file, or a
+    """The files one side reads: its TLS settings (if any) and its credentials: a `.creds` file, a
     user JWT file and its nkey seed file (the Go format's `choria: {jwt_file, seed_file}` and
-    `?jwt=&nkey=`). A new credential setting maps onto `MaterialFiles` here; reloading, last-good
-    and the connect callbacks then come with it."""
+    `?jwt=&nkey=`), or a user name file and a password file. A new credential setting maps onto
+    `MaterialFiles` here; reloading, last-good and the connect callbacks then come with it."""
     tls = profile.tls_for(side)
     jwt, seed = profile.jwt_for(side) or (None, None)
-    files = MaterialFiles(creds=profile.credentials_for(side), jwt=jwt, seed=seed)
+    username, password = profile.basic_auth_for(side) or (None, None)
+    files = MaterialFiles(creds=profile.credentials_for(side), jwt=jwt, seed=seed, username=username,
+                          password=password)
     if tls is None:
         return files
     ca, cert, key = tls.files()
@@ -58,8 +60,9 @@ def load_material(source: MaterialSource, side: str) -> Material:
     try:
         return source.load()
     except MaterialError as err:
-        what = "credentials file" if any(err.where == p for p in (source.files.creds, source.files.jwt,
-                                                                  source.files.seed)) else "TLS files"
+        files = source.files
+        what = "credentials file" if err.where in (files.creds, files.jwt, files.seed, files.username,
+                                                   files.password) else "TLS files"
         raise ConnectError(f"{side} {what} unusable: {err}") from None
 
 
@@ -186,7 +189,8 @@ class _Client(Client):
     """nats-py's client with three changes, each for a connection that must live for months:
 
     - TLS and credentials come from a `MaterialSource` at every TLS handshake and CONNECT, so the
-      next (re)connect after a rotation presents the new certificate, CA bundle or credentials;
+      next (re)connect after a rotation presents the new certificate, CA bundle, credentials or
+      password (a user and password from files go into the options nats-py's CONNECT reads);
     - CONNECT (and so credentials) is never sent in plaintext when TLS is configured: nats-py
       upgrades to TLS only when the server's INFO asks for it, so a server without TLS, or a man in
       the middle posing as one, would otherwise get the user, password or token in the clear;
@@ -218,6 +222,9 @@ class _Client(Client):
             self._signature_cb = user.sign
             self._user_jwt_cb = user.user_jwt if user.jwt is not None else None
             self._public_nkey = None if user.jwt is not None else user.public_key
+        if material is not None and material.basic is not None:
+            self._auth_configured = True
+            self.options["user"], self.options["password"] = material.basic.user, material.basic.password
         return super()._connect_command()
 
     async def _process_err(self, err_msg: str) -> None:
@@ -263,7 +270,7 @@ def permanent_reason(err: BaseException) -> str | None:
         return f"the URL cannot be used ({err}); check it (user:password must be percent-encoded)"
     if any(hint in text for hint in _CREDENTIAL_HINTS):
         return ("the server refused the credentials (authorization violation); check the URL's "
-                "user/password or token, or the credentials file")
+                "user/password or token, the user and password files, or the credentials file")
     return None
 
 

@@ -1,5 +1,5 @@
-"""Connection material from files (CA bundle, client certificate and key, `.creds`, JWT, nkey seed),
-reloaded when a file changes.
+"""Connection material from files (CA bundle, client certificate and key, `.creds`, JWT, nkey seed,
+user name and password), reloaded when a file changes.
 
 nats-py builds its TLS context and credential callbacks once, at the first connect. Connections
 made here instead ask a `MaterialSource` at every TLS handshake and every CONNECT (see
@@ -11,8 +11,8 @@ anything; a change that does not parse (a half-written file, a key that does not
 certificate) keeps the last good material, logs one warning naming the file (never its content)
 and is retried as soon as the files change again.
 
-A new credential source is one entry in `ROLES` and a few lines in `_user`: everything else (change
-detection, last-good, warnings, the callbacks the connection uses) is shared.
+A new credential source is one entry in `ROLES` and a few lines in `_user` (or `_basic`): everything
+else (change detection, last-good, warnings, the callbacks the connection uses) is shared.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives import serialization
 log = logging.getLogger(__name__)
 
 # Every kind of file a connection may read, in the order they are checked and named in messages.
-ROLES = ("ca", "cert", "key", "creds", "jwt", "seed")
+ROLES = ("ca", "cert", "key", "creds", "jwt", "seed", "username", "password")
 CertificateRole = Literal["client", "ca"]
 
 
@@ -58,7 +58,8 @@ class MaterialError(Exception):
 class MaterialFiles:
     """What one side of a connection reads. `tls` is true when TLS is configured at all (without a
     `ca` the system's CAs verify the server); `jwt` + `seed` are a `.creds` file in two parts, a
-    `seed` alone is nkey authentication."""
+    `seed` alone is nkey authentication; `username` + `password` are user/password authentication
+    (a `kubernetes.io/basic-auth` Secret's two keys)."""
 
     tls: bool = False
     ca: str | None = None
@@ -68,6 +69,8 @@ class MaterialFiles:
     creds: str | None = None
     jwt: str | None = None
     seed: str | None = None
+    username: str | None = None
+    password: str | None = None
 
     def paths(self) -> dict[str, str]:
         return {role: path for role in ROLES if (path := getattr(self, role))}
@@ -105,12 +108,21 @@ class UserIdentity:
 
 
 @dataclass(frozen=True, repr=False)
+class BasicAuth:
+    """A user name and password, sent in CONNECT as `user` and `pass` (never logged: no repr)."""
+
+    user: str
+    password: str
+
+
+@dataclass(frozen=True, repr=False)
 class Material:
     """One consistent, parsed generation of a side's files."""
 
     ssl_context: ssl.SSLContext | None = None
     certificates: tuple[CertificateInfo, ...] = ()
     user: UserIdentity | None = None
+    basic: BasicAuth | None = None
 
     def not_after(self, role: CertificateRole) -> float | None:
         """The first of `role`'s certificates to expire (a CA bundle may hold several)."""
@@ -127,7 +139,7 @@ def build(files: MaterialFiles, data: Mapping[str, bytes], names: Mapping[str, s
     context = None
     if files.tls:
         context, certificates = _tls(files, data, where)
-    return Material(context, tuple(certificates), _user(data, where))
+    return Material(context, tuple(certificates), _user(data, where), _basic(data, where))
 
 
 def parse_certificates(data: bytes, where: str, role: CertificateRole) -> list[CertificateInfo]:
@@ -218,6 +230,27 @@ def _user(data: Mapping[str, bytes], where: Mapping[str, str]) -> UserIdentity |
     if "jwt" in data:
         raise MaterialError(where["jwt"], "a user JWT needs its nkey seed")
     return None
+
+
+def _basic(data: Mapping[str, bytes], where: Mapping[str, str]) -> BasicAuth | None:
+    """A user name file and a password file (the keys of a `kubernetes.io/basic-auth` Secret). The
+    line ends a file written by `echo` carries are not part of the value; an empty file is one caught
+    half-written, never a password."""
+    if "username" not in data and "password" not in data:
+        return None
+    values: dict[str, str] = {}
+    for role in ("username", "password"):
+        if role not in data:
+            other = "password" if role == "username" else "username"
+            raise MaterialError(where[other], f"a {other} needs a {role} too")
+        try:
+            value = data[role].decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            raise MaterialError(where[role], "not UTF-8 text (damaged?)") from None
+        if not value:
+            raise MaterialError(where[role], "is empty (incomplete?)")
+        values[role] = value
+    return BasicAuth(values["username"], values["password"])
 
 
 def _undecorated(data: bytes, kind: str) -> bytes:

@@ -15,6 +15,7 @@ from replicator.config import ConfigError, Profile, load_config, parse_config
 from replicator.config.durations import parse_go_duration
 from replicator.config.goformat import GoConfig, GoStream, is_go_format
 from replicator.config.urls import url_options
+from replicator.heartbeats.publisher import heartbeat_profile
 from replicator.transport.connections import connect_options
 
 # Every key of the Go tool's schema (research table), with non-default values.
@@ -136,8 +137,10 @@ def test_every_key_of_the_go_schema_loads_and_maps_onto_the_model(tmp_path: Path
         15, True, "CHORIA_LEADER_ELECTION")
     assert [(x.subject, x.interval, x.headers) for x in hb.subjects] == [
         ("fleet._monitor", None, {}), ("other._monitor", 60, {"noop": "true"})]
-    assert (hb.jwt_file, hb.seed_file, hb.tls and hb.tls.ca) == ("/etc/sr/hb.jwt", "/etc/sr/hb.seed",
-                                                                  "/etc/sr/hb-ca.pem")
+    # The URL's `?credentials=` wins over `choria`, as for a stream (both would be two ways to sign in).
+    assert (hb.credentials, hb.jwt_file, hb.seed_file, hb.tls and hb.tls.ca) == (
+        None, None, None, "/etc/sr/hb-ca.pem")
+    assert heartbeat_profile(config, "US-EAST").credentials_for("source") == "/etc/sr/hb.creds"
     assert any("profiling" in w for w in config.warnings)
     assert any("target_initiated" in w for w in config.warnings)
 
@@ -256,3 +259,22 @@ def test_warnings_for_keys_that_cannot_apply() -> None:
     legacy = {"topic": "a.b", "source_url": "nats://a:1", "target_url": "nats://b:1", "workers": 2}
     with pytest.raises(ConfigError, match=r"topics\.t: ephemeral is for ordered mode"):
         parse_config({"topics": {"t": {**legacy, "ephemeral": True}}}, "sr.yaml")
+
+
+def test_credentials_in_a_url_win_over_choria() -> None:
+    """A user:password, token or `?credentials=` in a URL replaces the `choria` JWT and seed that
+    would otherwise apply there (the Go client would send both; one way to sign in is kept), for a
+    stream's side and for the heartbeats alike. The Go tool has no user or password file keys."""
+    choria = {"jwt_file": "/etc/sr/u.jwt", "seed_file": "/etc/sr/u.seed"}
+    stream = {**GOOD_STREAM, "target_url": "nats://sr:pw@b:4222"}
+    heartbeats = {"url": "nats://hb:4222", "subjects": [{"subject": "hb.x"}], "choria": choria}
+    config = parse_config({"name": "SITE", "choria": choria, "streams": [stream], "heartbeats": heartbeats},
+                          "sr.yaml")
+    profile = Profile(config, "S_SITE")
+    assert profile.jwt_for("source") == ("/etc/sr/u.jwt", "/etc/sr/u.seed")
+    assert profile.jwt_for("target") is None and profile.url_options("target").userinfo == "user:password"
+    assert config.heartbeats is not None and config.heartbeats.jwt_file == "/etc/sr/u.jwt"
+    with_token = {**heartbeats, "url": "nats://s3cr3t@hb:4222"}
+    config = parse_config({"name": "SITE", "streams": [GOOD_STREAM], "heartbeats": with_token}, "sr.yaml")
+    assert config.heartbeats is not None and config.heartbeats.jwt_file is None
+    assert not {"user_file", "password_file"} & (set(GoStream.model_fields) | set(GoConfig.model_fields))

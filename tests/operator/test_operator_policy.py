@@ -66,8 +66,10 @@ DEFAULT = OperatorConfig().make_policy()
         ({"serviceAccountName": "spark-operator-spark"}, DEFAULT, [policy.SERVICE_ACCOUNT_NOT_ALLOWED]),
         ({"fleetHealth__serviceAccount": "cluster-admin-sa"}, DEFAULT, [policy.SERVICE_ACCOUNT_NOT_ALLOWED]),
         # NATS hosts: any by default; names by pattern, IP addresses also by CIDR.
-        ({"source__url": "nats://u:pw@10.1.2.3:4222"}, DEFAULT, []),
-        ({"source__url": "nats://u:pw@10.1.2.3:4222"}, Policy(nats_hosts=("10.0.0.0/8", "*.example.net")), []),
+        # (a user:password in the URL is the side's one way to sign in: no credentialsSecret with it)
+        ({"source__url": "nats://u:pw@10.1.2.3:4222", "source__credentialsSecret": None}, DEFAULT, []),
+        ({"source__url": "nats://u:pw@10.1.2.3:4222", "source__credentialsSecret": None},
+         Policy(nats_hosts=("10.0.0.0/8", "*.example.net")), []),
         ({"source__url": "nats://a.nats.example.net,nats://10.9.9.9:4222",
           "target__url": "tls://B.NATS.example.net:4222"},
          Policy(nats_hosts=("*.nats.example.net", "10.0.0.0/8")), []),
@@ -87,7 +89,8 @@ def test_rules(changes: dict[str, Any], rules: Policy, reasons: list[str]) -> No
 
 
 def test_messages_name_the_field_and_the_setting_but_no_credentials() -> None:
-    spec = _spec(source__url="nats://user:hunter2@169.254.169.254:4222", image="evil/x:1")
+    spec = _spec(source__url="nats://user:hunter2@169.254.169.254:4222", source__credentialsSecret=None,
+                 image="evil/x:1")
     messages = [v.message for v in policy.check(spec, Policy(nats_hosts=("*.example.net",)))]
     assert messages == [
         'spec.image "evil/x:1" is not an allowed image (allowed: none; set by --allow-image)',

@@ -1,0 +1,98 @@
+"""The Secrets a resource names: checked before anything is built, read for the operator's own NATS
+connections.
+
+A check keeps only what the status needs: whether each Secret exists, whether the policy lets the
+resource use it (its labels), which keys it has, and the certificates of TLS Secrets (public). A
+read, for the status probe and the native engine, takes the values of one side's Secrets for one
+connection, after checking the label again (it may have gone since the last pass). Messages name
+Secrets and keys, never values.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from replication_operator import builders, naming, nats_status, policy
+from replication_operator import status as st
+from replication_operator.builders import SecretNeed
+from replication_operator.certificates import secret_certificates
+from replication_operator.kube import APIError, KubeApi, error_text
+from replication_operator.spec import Endpoint, ReplicationSpec
+
+SecretCheck = tuple[list[st.Problem], dict[str, frozenset[str]], list[st.MountedCertificate]]
+
+
+async def check_secrets(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec) -> SecretCheck:
+    """Every referenced Secret exists, may be used (policy) and has its keys; returns the problems,
+    the Secrets' key names (the config names only the TLS files a Secret has) and the certificates
+    of the TLS Secrets (for `CertificatesExpiring`)."""
+    keys: dict[str, frozenset[str]] = {}
+    labels: dict[str, dict[str, Any]] = {}
+    held: dict[str, list[st.MountedCertificate]] = {}  # TLS Secret name -> its certificates
+    missing: dict[str, str] = {}  # Secret name -> why it is unusable
+    ns = spec.namespace
+    needs = builders.secret_needs(spec)
+    tls = {need.secret for need in needs if need.key is None}
+    for name in dict.fromkeys(need.secret for need in needs):
+        try:
+            secret = await api.get(naming.SECRET, ns, name)
+            if secret is None:
+                missing[name] = f'not found in namespace "{ns}"'
+            else:
+                labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
+                keys[name] = frozenset((secret.get("data") or {}).keys())
+                if name in tls:
+                    held[name] = secret_certificates(name, secret)
+        except (APIError, TimeoutError) as err:
+            missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
+    problems = [st.Problem(v.reason, v.message) for v in policy.secret_violations(rules, ns, labels)]
+    refused = {name for name in labels if not policy.secret_usable(rules, ns, labels[name])}
+    certificates = [c for name, found in held.items() if name not in refused for c in found]
+    problems += need_problems([n for n in needs if n.secret not in refused], keys, missing, ns)
+    return problems, keys, certificates
+
+
+def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], missing: Mapping[str, str],
+                  ns: str) -> list[st.Problem]:
+    """`SecretMissing` once per missing Secret (naming the keys wanted from it), `SecretKeyMissing`
+    per missing key, and what a TLS Secret lacks."""
+    problems: list[st.Problem] = []
+    wanted: dict[str, list[str | None]] = {}
+    for need in needs:
+        wanted.setdefault(need.secret, []).append(need.key)
+    for name, wanted_keys in wanted.items():
+        if name in missing:
+            named = [f'"{k}"' for k in dict.fromkeys(wanted_keys) if k is not None]
+            what = (f" (key {named[0]})" if len(named) == 1 else f" (keys {', '.join(named)})" if named
+                    else " (TLS)")
+            problems.append(st.Problem(st.SECRET_MISSING, f'secret "{name}"{what} {missing[name]}'))
+            continue
+        for key in dict.fromkeys(wanted_keys):
+            if key is not None and key not in keys[name]:
+                problems.append(st.Problem(
+                    st.SECRET_KEY_MISSING, f'secret "{name}" has no key "{key}" in namespace "{ns}"'))
+            elif key is None and (lack := builders.tls_problem(keys[name])):
+                problems.append(st.Problem(
+                    st.SECRET_KEY_MISSING, f'TLS secret "{name}" lacks {lack} in namespace "{ns}"'))
+    return problems
+
+
+async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, endpoint: Endpoint) -> nats_status.Auth:
+    """One side's credentials, user and password, and TLS material, read from its Secrets now (so a
+    rotated Secret is used at once); `NatsStatusError` names a Secret that cannot be used."""
+    secrets: dict[str, dict[str, bytes]] = {}
+    for name in endpoint.secrets:
+        try:
+            secret = await api.get(naming.SECRET, spec.namespace, name)
+        except (APIError, TimeoutError) as err:
+            raise nats_status.NatsStatusError(f'secret "{name}" cannot be read: {error_text(err)}') from None
+        if secret is None:
+            raise nats_status.NatsStatusError(f'secret "{name}" not found in namespace "{spec.namespace}"')
+        # Checked again as the values are read: the label may have gone since the last pass.
+        if not policy.secret_usable(rules, spec.namespace, (secret.get("metadata") or {}).get("labels")):
+            raise nats_status.NatsStatusError(
+                f'secret "{name}" is no longer labelled {policy.USABLE_LABEL}={policy.USABLE_VALUE}')
+        secrets[name] = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
+    return nats_status.auth_from_secrets(endpoint, secrets)

@@ -1,0 +1,219 @@
+"""User and password from files (`<side>_user_file`, `<side>_password_file`), against real servers
+that require them: copying works, a wrong password fails fast with one line and never shows, and
+a rotated password (the Secret updated by kubelet, or the file rewritten in place) is used at the
+next reconnect without a restart, losing and duplicating nothing.
+
+The files are laid out as kubelet mounts a `kubernetes.io/basic-auth` Secret (`username`,
+`password`, each a symlink into `..data`). The test's own clients sign in as another user that the
+servers accept throughout, so they can watch every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from replicator.demo.local_nats import LocalNatsServer, free_port
+from replicator.service.runner import Replicator
+from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, write_config
+from tests.security.conftest import PASSWORD, USER, ServerFactory, assert_clean_failure, run_cli
+from tests.security.test_rotation import OUTCOMES, _report_outcomes, reconnections, wait_reconnected
+from tests.security.test_secrets import _run_and_collect, _scan
+from tests.support.faults import ContinuousPublisher, compare, read_stream, stream_count, wait_count
+from tests.support.secret_volume import SecretVolume
+
+__all__ = ["_report_outcomes"]  # the fault table's rows (autouse fixture)
+
+TARGET_USER = "sr-target"
+TARGET_PASSWORD = "tg-P@ss/w#rd:%?-7q"  # what a URL would need percent-encoded, as a file holds it
+NEW_PASSWORD = "pw-r0tated-Kq3vX8"
+ADMIN, ADMIN_PASSWORD = "test-admin", "admin-pw-5s1"  # the test's own clients
+
+
+def users_block(*users: tuple[str, str]) -> str:
+    entries = ", ".join(f'{{ user: "{u}", password: "{p}" }}' for u, p in users)
+    return f"authorization {{ users = [ {entries} ] }}"
+
+
+def basic_auth_volume(root: Path, user: str, password: str) -> SecretVolume:
+    """A mounted basic-auth Secret; `kubectl create secret` from files written by `echo` ends each
+    value with a line break, which is not part of it."""
+    return SecretVolume(root, {"username": f"{user}\n".encode(), "password": f"{password}\n".encode()})
+
+
+def files_of(side: str, volume: SecretVolume) -> dict[str, str]:
+    return {f"{side}_user_file": str(volume.path("username")),
+            f"{side}_password_file": str(volume.path("password"))}
+
+
+def settings_for(source: LocalNatsServer, target: LocalNatsServer, **topic: Any) -> dict[str, Any]:
+    return {"topics": {"fleet": {"topic": "fleet.>", "name": "sr", "source_url": source.url,
+                                 "target_url": target.url, **topic}}}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_copies_with_user_and_password_from_files(tmp_path: Path, nats_server: ServerFactory,
+                                                         log_format: str) -> None:
+    """Both sides sign in with files; the target restarts mid-way (its reconnect reads the files
+    again); logs, metrics, health, readiness and `report` (which reads the files too) never hold
+    either password, and every message lands once."""
+    source = nats_server("source", users_block((USER, PASSWORD)))
+    target = nats_server("target", users_block((TARGET_USER, TARGET_PASSWORD)))
+    source_files = basic_auth_volume(tmp_path / "source-auth", USER, PASSWORD)
+    target_files = basic_auth_volume(tmp_path / "target-auth", TARGET_USER, TARGET_PASSWORD)
+    settings = settings_for(source, target, **files_of("source", source_files), **files_of("target", target_files))
+    source_nc = await nats.connect(source.url, user=USER, password=PASSWORD)
+    target_nc = await nats.connect(target.url, user=TARGET_USER, password=TARGET_PASSWORD,
+                                   max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        await make_stream(source_nc)
+        await publish_many(source_nc, 200)
+        outputs = await _run_and_collect(tmp_path, settings, log_format, free_port(), target, (target_nc, "FLEET"))
+        outcome = compare("basic auth from files", await read_stream(source_nc, "FLEET"),
+                          await read_stream(target_nc, "FLEET"), recover_s=None)
+    finally:
+        await source_nc.close()
+        await target_nc.close()
+    assert outcome.lost == outcome.duplicated == outcome.mismatched == outcome.out_of_order == 0, outcome
+    leaks = _scan(outputs, {"source password": PASSWORD, "target password": TARGET_PASSWORD})
+    assert not leaks, leaks
+    assert "disconnected from" in outputs[f"{log_format} log"]  # the reconnect path ran
+    assert "FLEET" in outputs["report"]
+
+
+def _wrong_source_password(factory: ServerFactory, tmp: Path) -> tuple[dict[str, Any], str, str]:
+    source, target = factory("source", users_block((USER, PASSWORD))), factory("target")
+    wrong = "pw-WRONG-in-a-file-31"
+    files = files_of("source", basic_auth_volume(tmp / "auth", USER, wrong))
+    return settings_for(source, target, **files), "source", wrong
+
+
+def _unknown_target_user(factory: ServerFactory, tmp: Path) -> tuple[dict[str, Any], str, str]:
+    source, target = factory("source"), factory("target", users_block((TARGET_USER, TARGET_PASSWORD)))
+    files = files_of("target", basic_auth_volume(tmp / "auth", "nobody", TARGET_PASSWORD))
+    return settings_for(source, target, **files), "target", TARGET_PASSWORD
+
+
+WRONG: dict[str, Callable[[ServerFactory, Path], tuple[dict[str, Any], str, str]]] = {
+    "wrong-source-password": _wrong_source_password,
+    "unknown-target-user": _unknown_target_user,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("log_format", ["text", "json"])
+@pytest.mark.parametrize("case", list(WRONG))
+def test_refused_password_exits_with_one_clear_line(tmp_path: Path, nats_server: ServerFactory, case: str,
+                                                    log_format: str) -> None:
+    settings, side, secret = WRONG[case](nats_server, tmp_path)
+    path = write_config(tmp_path / "sr.yaml", {**settings, "log_format": log_format})
+    result = run_cli("--config", str(path), "--topic", "fleet", within=30)
+    assert result.seconds < 20, f"took {result.seconds:.1f}s to give up"
+    assert secret not in result.stdout + result.stderr, "a password was printed"
+    assert_clean_failure(result, side, "refused the credentials")
+
+
+Rotate = Callable[[Replicator], Awaitable[None]]
+
+
+async def _copy_through(tmp: Path, source: LocalNatsServer, target: LocalNatsServer, settings: dict[str, Any],
+                        rotate: Rotate, *, scenario: str, ordered: bool) -> None:
+    """Copy while publishing continuously, rotate mid-way, then check the whole stream; the
+    replicator runs in this process from start to end (no restart)."""
+    options: dict[str, Any] = {"user": ADMIN, "password": ADMIN_PASSWORD, "max_reconnect_attempts": -1,
+                               "reconnect_time_wait": 0.2}
+    source_nc = await nats.connect(source.url, **options)
+    target_nc = await nats.connect(target.url, **options)
+    try:
+        await make_stream(source_nc)
+        publisher = ContinuousPublisher(source_nc, rate=200).start()
+        runner = InProcess(profile_for(settings))
+        async with runner as replicator:
+            assert await wait_count(target_nc, "FLEET", 100, 30) is not None, "copying never started"
+            await rotate(replicator)
+            mark = await stream_count(source_nc, "FLEET")
+            resumed = await wait_count(target_nc, "FLEET", mark + 100, 30)
+            assert resumed is not None, "copying stopped"
+            await publisher.stop()
+            total = await stream_count(source_nc, "FLEET")
+            assert await wait_count(target_nc, "FLEET", total, 30) is not None, "not everything arrived"
+            assert runner.task is not None and not runner.task.done(), "the replicator stopped"
+            assert reconnections(replicator) >= 1, "the rotation never forced a reconnect"
+        outcome = compare(f"rotation: {scenario}", await read_stream(source_nc, "FLEET"),
+                          await read_stream(target_nc, "FLEET"), recover_s=resumed,
+                          notes=f"{reconnections(replicator):.0f} reconnections, no restart")
+    finally:
+        await source_nc.close()
+        await target_nc.close()
+    OUTCOMES.append(outcome)
+    assert outcome.lost == outcome.duplicated == outcome.mismatched == 0, outcome
+    if ordered:
+        assert outcome.out_of_order == 0, outcome
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_password_rotated_by_kubelet_then_the_server_reloaded(tmp_path: Path, nats_server: ServerFactory,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The Secret is updated first (kubelet swaps `..data`): the live connection is left alone.
+    Then the server's config changes the password and is reloaded (`nats-server --signal reload`):
+    the server ends the connections that signed in with the old one, and the reconnect reads the
+    new password from the file. Source side, ordered mode."""
+    caplog.set_level(logging.INFO, logger="replicator")
+    source = nats_server("source", users_block((USER, PASSWORD), (ADMIN, ADMIN_PASSWORD)))
+    target = nats_server("target")
+    volume = basic_auth_volume(tmp_path / "source-auth", USER, PASSWORD)
+    settings = settings_for(source, target, **files_of("source", volume))
+
+    async def rotate(replicator: Replicator) -> None:
+        volume.update({"password": f"{NEW_PASSWORD}\n".encode()})
+        await asyncio.sleep(1.0)  # a new password alone does not drop a live connection
+        assert reconnections(replicator) == 0 and replicator.readiness()[0]
+        source.extra_config = users_block((USER, NEW_PASSWORD), (ADMIN, ADMIN_PASSWORD))
+        await asyncio.to_thread(source.reload)
+        assert await wait_reconnected(replicator)
+
+    await _copy_through(tmp_path, source, target, settings, rotate, ordered=True,
+                        scenario="password rotated by kubelet, then the server reloaded (source, ordered)")
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert str(volume.path("password")) in text  # the reload was logged, by file name
+    assert PASSWORD not in text and NEW_PASSWORD not in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_server_reloaded_first_then_the_file_rewritten(tmp_path: Path, nats_server: ServerFactory,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The server changes the password before the file does: the connections are ended and the
+    reconnects refused (warnings, never the password) until the file is rewritten in place; the
+    next attempt signs in with it. Target side, scaled mode with two workers."""
+    caplog.set_level(logging.INFO, logger="replicator")
+    source = nats_server("source")
+    target = nats_server("target", users_block((TARGET_USER, TARGET_PASSWORD), (ADMIN, ADMIN_PASSWORD)))
+    password = tmp_path / "target-password"
+    password.write_text(TARGET_PASSWORD)
+    username = tmp_path / "target-user"
+    username.write_text(TARGET_USER)
+    settings = settings_for(source, target, target_user_file=str(username), target_password_file=str(password),
+                            workers=2, queued=True)
+
+    async def rotate(replicator: Replicator) -> None:
+        target.extra_config = users_block((TARGET_USER, NEW_PASSWORD), (ADMIN, ADMIN_PASSWORD))
+        await asyncio.to_thread(target.reload)
+        await asyncio.sleep(2.5)  # reconnects with the old password are refused meanwhile
+        assert not replicator.readiness()[0]
+        password.write_text(NEW_PASSWORD)  # in place: same inode
+        assert await wait_reconnected(replicator)
+
+    await _copy_through(tmp_path, source, target, settings, rotate, ordered=False,
+                        scenario="server reloaded, then the password file rewritten (target, scaled)")
+    records = [r.getMessage() for r in caplog.records]
+    assert any("authorization violation" in m.lower() for m in records), records[-20:]
+    assert not [m for m in records if TARGET_PASSWORD in m or NEW_PASSWORD in m]
