@@ -77,35 +77,26 @@ def _secret_volumes(spec: ReplicationSpec) -> tuple[list[dict[str, Any]], list[d
     TLS (the whole Secret). Whole volumes, never `subPath`, so kubelet's updates reach the pods."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
+
+    def mount(side: Side, kind: str, secret: str, path: str, keys: list[str] | None = None) -> None:
+        vol = naming.secret_volume_name(side, kind)
+        source: dict[str, Any] = {"secretName": secret, "defaultMode": 0o440}
+        if keys is not None:
+            source["items"] = [{"key": key, "path": key} for key in keys]
+        volumes.append({"name": vol, "secret": source})
+        mounts.append({"name": vol, "mountPath": path, "readOnly": True})
+
     sides: tuple[Side, Side] = ("source", "target")
     for side in sides:
         endpoint = spec.endpoint(side)
         if endpoint.credentials:
-            vol = naming.secret_volume_name(side, "credentials")
-            volumes.append({
-                "name": vol,
-                "secret": {
-                    "secretName": endpoint.credentials.name,
-                    "items": [{"key": endpoint.credentials.key, "path": endpoint.credentials.key}],
-                    "defaultMode": 0o440,
-                },
-            })
-            mounts.append({"name": vol, "mountPath": worker_config.credentials_dir(side), "readOnly": True})
+            mount(side, "credentials", endpoint.credentials.name, worker_config.credentials_dir(side),
+                  [endpoint.credentials.key])
         if endpoint.basic_auth:
-            vol = naming.secret_volume_name(side, "basic-auth")
-            volumes.append({
-                "name": vol,
-                "secret": {
-                    "secretName": endpoint.basic_auth.name,
-                    "items": [{"key": key, "path": key} for key in endpoint.basic_auth.keys],
-                    "defaultMode": 0o440,
-                },
-            })
-            mounts.append({"name": vol, "mountPath": worker_config.basic_auth_dir(side), "readOnly": True})
+            mount(side, "basic-auth", endpoint.basic_auth.name, worker_config.basic_auth_dir(side),
+                  list(endpoint.basic_auth.keys))
         if endpoint.tls_secret:
-            vol = naming.secret_volume_name(side, "tls")
-            volumes.append({"name": vol, "secret": {"secretName": endpoint.tls_secret, "defaultMode": 0o440}})
-            mounts.append({"name": vol, "mountPath": worker_config.tls_dir(side), "readOnly": True})
+            mount(side, "tls", endpoint.tls_secret, worker_config.tls_dir(side))
     return volumes, mounts
 
 

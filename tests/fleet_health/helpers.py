@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from nats.aio.client import Client
 
+from replicator.fleet_health.connection import NatsConnection, connect
+
 T0 = 1_700_000_000
 NOW = T0 + 10_000
 SUBJECT = "sr.advisory.cmdb"
@@ -190,3 +192,13 @@ async def publish(nc: Client, payloads: Sequence[bytes], subject: str = SUBJECT)
     js = nc.jetstream()
     for payload in payloads:
         await js.publish(subject, payload)
+
+
+async def fill_advisories(connection: NatsConnection, stream: str = "ADVISORIES") -> None:
+    """The scripted advisories (`MESSAGES`) in a new stream, over the job's own way to connect."""
+    nc = await connect(connection, name="fill")
+    try:
+        await nc.jetstream().add_stream(name=stream, subjects=["sr.advisory.>"])
+        await publish(nc, MESSAGES)
+    finally:
+        await nc.close()

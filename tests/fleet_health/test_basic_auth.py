@@ -19,9 +19,9 @@ from replication_operator.spark_application import BASIC_AUTH_DIR, build_schedul
 
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.cli import add_arguments, run_from_args
-from replicator.fleet_health.connection import NatsConnection, connect
+from replicator.fleet_health.connection import NatsConnection
 from replicator.fleet_health.summary import read_summary
-from tests.fleet_health.helpers import EXPECTED_FLEET, MESSAGES, NOW, publish
+from tests.fleet_health.helpers import EXPECTED_FLEET, MESSAGES, NOW, fill_advisories
 
 pytestmark = pytest.mark.spark
 
@@ -69,15 +69,7 @@ def test_the_job_reads_user_and_password_files(spark: SparkSession, tmp_path: Pa
         connection = NatsConnection.build(server.url, user_file=str(mount / "username"),
                                           password_file=str(mount / "password"))
 
-        async def fill() -> None:
-            nc = await connect(connection, name="fill")
-            try:
-                await nc.jetstream().add_stream(name=STREAM, subjects=["sr.advisory.>"])
-                await publish(nc, MESSAGES)
-            finally:
-                await nc.close()
-
-        asyncio.run(fill())
+        asyncio.run(fill_advisories(connection, STREAM))
         output = tmp_path / "out"
         status, out, err = _cli([*_job_arguments(server.url, output, mount), "--now", str(NOW),
                                  "--master", "local[2]", "--kv-bucket", "FH_BASIC"])

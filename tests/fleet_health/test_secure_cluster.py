@@ -30,6 +30,7 @@ from tests.fleet_health.helpers import (
     EXPECTED_SITES,
     MESSAGES,
     NOW,
+    fill_advisories,
     node_tuples,
     publish,
     site_tuples,
@@ -101,15 +102,6 @@ def kubernetes_arguments(broker: Broker, output: Path, bucket: str) -> list[str]
     return out
 
 
-async def _fill(connection: NatsConnection) -> None:
-    nc = await connect(connection, name="fill")
-    try:
-        await nc.jetstream().add_stream(name=STREAM, subjects=["sr.advisory.>"])
-        await publish(nc, MESSAGES)
-    finally:
-        await nc.close()
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     root = tmp_path_factory.mktemp("broker")
@@ -134,7 +126,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
                              extra_config=tls_block(server_files) + auth.server_config()).start()
     try:
         broker = Broker(server, root, auth, ca, secrets)
-        asyncio.run(_fill(broker.connection()))
+        asyncio.run(fill_advisories(broker.connection()))
         yield broker
     finally:
         server.close()

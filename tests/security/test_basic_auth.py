@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,16 @@ from replicator.demo.local_nats import LocalNatsServer, free_port
 from replicator.service.runner import Replicator
 from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, write_config
 from tests.security.conftest import PASSWORD, USER, ServerFactory, assert_clean_failure, run_cli
-from tests.security.test_rotation import OUTCOMES, _report_outcomes, reconnections, wait_reconnected
+from tests.security.test_rotation import (
+    OUTCOMES,
+    Rotate,
+    _report_outcomes,
+    reconnections,
+    rotate_while_copying,
+    wait_reconnected,
+)
 from tests.security.test_secrets import _run_and_collect, _scan
-from tests.support.faults import ContinuousPublisher, compare, read_stream, stream_count, wait_count
+from tests.support.faults import ContinuousPublisher, compare, read_stream
 from tests.support.secret_volume import SecretVolume
 
 __all__ = ["_report_outcomes"]  # the fault table's rows (autouse fixture)
@@ -120,9 +127,6 @@ def test_refused_password_exits_with_one_clear_line(tmp_path: Path, nats_server:
     assert_clean_failure(result, side, "refused the credentials")
 
 
-Rotate = Callable[[Replicator], Awaitable[None]]
-
-
 async def _copy_through(tmp: Path, source: LocalNatsServer, target: LocalNatsServer, settings: dict[str, Any],
                         rotate: Rotate, *, scenario: str, ordered: bool) -> None:
     """Copy while publishing continuously, rotate mid-way, then check the whole stream; the
@@ -136,15 +140,7 @@ async def _copy_through(tmp: Path, source: LocalNatsServer, target: LocalNatsSer
         publisher = ContinuousPublisher(source_nc, rate=200).start()
         runner = InProcess(profile_for(settings))
         async with runner as replicator:
-            assert await wait_count(target_nc, "FLEET", 100, 30) is not None, "copying never started"
-            await rotate(replicator)
-            mark = await stream_count(source_nc, "FLEET")
-            resumed = await wait_count(target_nc, "FLEET", mark + 100, 30)
-            assert resumed is not None, "copying stopped"
-            await publisher.stop()
-            total = await stream_count(source_nc, "FLEET")
-            assert await wait_count(target_nc, "FLEET", total, 30) is not None, "not everything arrived"
-            assert runner.task is not None and not runner.task.done(), "the replicator stopped"
+            resumed = await rotate_while_copying(source_nc, target_nc, publisher, runner, replicator, rotate)
             assert reconnections(replicator) >= 1, "the rotation never forced a reconnect"
         outcome = compare(f"rotation: {scenario}", await read_stream(source_nc, "FLEET"),
                           await read_stream(target_nc, "FLEET"), recover_s=resumed,

@@ -202,6 +202,22 @@ def reconnections(replicator: Replicator) -> float:
                                                              "worker": w.name}) or 0 for w in replicator.workers)
 
 
+async def rotate_while_copying(source_nc: Client, target_nc: Client, publisher: ContinuousPublisher,
+                               runner: InProcess, replicator: Replicator, rotate: Rotate) -> float:
+    """Rotate once 100 copies landed; then copying must resume, take everything the publisher sent
+    and leave the replicator running. Returns the seconds it took to resume."""
+    assert await wait_count(target_nc, "FLEET", 100, 30) is not None, "copying never started"
+    await rotate(replicator)
+    mark = await stream_count(source_nc, "FLEET")
+    resumed = await wait_count(target_nc, "FLEET", mark + 100, 30)
+    assert resumed is not None, "copying stopped"
+    await publisher.stop()
+    total = await stream_count(source_nc, "FLEET")
+    assert await wait_count(target_nc, "FLEET", total, 30) is not None, "not everything arrived"
+    assert runner.task is not None and not runner.task.done(), "the replicator stopped"
+    return resumed
+
+
 async def copy_through(env: Env, source: Cluster, target: Cluster, settings: dict[str, Any], rotate: Rotate,
                        *, scenario: str, ordered: bool = True, source_auth: dict[str, Any] | None = None,
                        unique_keys: bool = False) -> dict:
@@ -214,15 +230,7 @@ async def copy_through(env: Env, source: Cluster, target: Cluster, settings: dic
         publisher = ContinuousPublisher(source_nc, rate=200, make_body=body).start()
         runner = InProcess(profile_for(settings), monitor_port=0)
         async with runner as replicator:
-            assert await wait_count(target_nc, "FLEET", 100, 30) is not None, "copying never started"
-            await rotate(replicator)
-            mark = await stream_count(source_nc, "FLEET")
-            resumed = await wait_count(target_nc, "FLEET", mark + 100, 30)
-            assert resumed is not None, "copying stopped"
-            await publisher.stop()
-            total = await stream_count(source_nc, "FLEET")
-            assert await wait_count(target_nc, "FLEET", total, 30) is not None, "not everything arrived"
-            assert runner.task is not None and not runner.task.done(), "the replicator stopped"
+            resumed = await rotate_while_copying(source_nc, target_nc, publisher, runner, replicator, rotate)
             assert replicator.monitor is not None
             samples = await asyncio.to_thread(scrape, replicator.monitor.port)
         outcome = compare(f"rotation: {scenario}", await read_stream(source_nc, "FLEET"),
