@@ -19,7 +19,8 @@ from setuptools import setup
 # copier's runs of skips. All stay ordinary Python source as well, which is what runs wherever they
 # are not compiled.
 HOT_MODULES = ["replicator/transport/wire.py", "replicator/sampling/limiter.py",
-              "replicator/copier/admission.py", "replicator/sampling/state/table.py"]
+              "replicator/copier/admission.py", "replicator/sampling/state/table.py",
+              "replicator/sampling/body.py", "replicator/sampling/keys.py"]
 SETTING = "STREAM_REPLICATOR_COMPILE"
 
 

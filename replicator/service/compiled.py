@@ -8,7 +8,7 @@ import importlib
 
 # The modules `setup.py` compiles (HOT_MODULES there, as paths; a test keeps the two lists equal).
 HOT_MODULES = ("replicator.transport.wire", "replicator.sampling.limiter", "replicator.copier.admission",
-               "replicator.sampling.state.table")
+               "replicator.sampling.state.table", "replicator.sampling.body", "replicator.sampling.keys")
 
 
 def compiled_modules() -> list[str]:
