@@ -113,7 +113,9 @@ async def test_range_reader_stops_at_its_end_without_pulling_the_next_range(
         while (chunk := await reader.next_chunk(5)) is not None:
             chunks.append(chunk.sequence)
     assert [s for c in chunks for s in c] == list(range(9, 20))
-    assert all(len(c) <= 5 + 4 for c in chunks)
+    # A chunk is what had arrived short of the 5 asked for, plus at most two batches in flight
+    # (a slow wake-up lets both land before the hand-over: 5 + 4 was too tight, and flaked in CI).
+    assert all(len(c) <= 5 - 1 + 2 * 4 for c in chunks)
     # Its consumer is gone.
     assert await source_nc.jetstream().consumers_info(STREAM) == []
     everything = await read_all(source_nc, STREAM, 1, 40, batch=7)
