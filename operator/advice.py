@@ -11,16 +11,9 @@ from __future__ import annotations
 from replication_operator.spec import ReplicationSpec
 
 from replicator.config.model import redact_url
-from replicator.config.urls import url_options
+from replicator.config.urls import url_userinfo
 
 PASSWORD_IN_URL = "PasswordInURL"
-
-
-def _has_password(url: str) -> bool:
-    try:
-        return url_options(url).userinfo == "user:password"
-    except ValueError:
-        return False  # the worker config's validation names the URL's problem
 
 
 def advise(spec: ReplicationSpec) -> list[tuple[str, str]]:
@@ -33,5 +26,5 @@ def advise(spec: ReplicationSpec) -> list[tuple[str, str]]:
          f"{field} carries a user and password ({redact_url(url)}): it is copied into the worker's ConfigMap"
          f" and the fleet-health job's arguments, readable by anyone who may read those; put them in a"
          f" kubernetes.io/basic-auth Secret named in spec.{side}.basicAuthSecret and drop them from the URL")
-        for field, url, side in urls if _has_password(url)
+        for field, url, side in urls if url_userinfo(url) == "user:password"
     ]

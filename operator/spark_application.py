@@ -24,7 +24,7 @@ from replication_operator import images
 from replication_operator.spec import SpecError
 
 from replicator.config.durations import parse_duration
-from replicator.config.urls import url_options
+from replicator.config.urls import url_userinfo
 
 API_VERSION = "sparkoperator.k8s.io/v1beta2"
 KIND = "ScheduledSparkApplication"
@@ -160,13 +160,6 @@ def _nats_files(
     return arguments, secrets
 
 
-def _userinfo(url: str) -> bool:
-    try:
-        return url_options(url).userinfo is not None
-    except ValueError:
-        return False  # the job names the URL's problem
-
-
 def _storage(fleet: Mapping[str, Any], output: str) -> tuple[list[str], dict[str, str], list[dict[str, Any]]]:
     """Packages, Hadoop settings and env the output's file system needs; SpecError when it cannot work."""
     packages = [str(p) for p in fleet.get("packages") or []]
@@ -253,7 +246,7 @@ def build_scheduled_spark_application(
         str(instances * cores),
     ]
     nats_arguments, secrets = _nats_files(cluster, tls_keys)
-    if cluster.get("basicAuthSecret") and _userinfo(str(url)):
+    if cluster.get("basicAuthSecret") and url_userinfo(str(url)):
         raise SpecError("spec.fleetHealth.url carries credentials and the advisory cluster has a basicAuthSecret: "
                         "one way to authenticate (drop them from the URL)")
     arguments += nats_arguments

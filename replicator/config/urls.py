@@ -19,6 +19,10 @@ _TRUE = {"1", "t", "true"}
 _FALSE = {"0", "f", "false"}
 
 
+Userinfo = Literal["user:password", "token"]
+"""Credentials written into the URLs themselves (`user:password@`, `token@`)."""
+
+
 @dataclass(frozen=True)
 class UrlOptions:
     """What a side's URL list asks for besides the servers."""
@@ -32,7 +36,7 @@ class UrlOptions:
     connect_timeout: float | None = None
     # Credentials written into the URLs themselves (`user:password@`, `token@`): a way to
     # authenticate, but one that anyone who reads the config or the command line reads too.
-    userinfo: Literal["user:password", "token"] | None = None
+    userinfo: Userinfo | None = None
 
 
 def split_urls(value: str) -> list[str]:
@@ -49,11 +53,20 @@ def _bool(name: str, values: list[str]) -> bool:
     raise ValueError(f"URL option {name}={values[-1]!r} is not true or false")
 
 
+def url_userinfo(value: str) -> Userinfo | None:
+    """What credentials the URLs carry themselves; None also for URLs that cannot be read (whatever
+    uses them names that problem)."""
+    try:
+        return url_options(value).userinfo
+    except ValueError:
+        return None
+
+
 def url_options(value: str) -> UrlOptions:
     """The servers without query strings and the options of the first query; ValueError when wrong."""
     servers: list[str] = []
     query: dict[str, list[str]] | None = None
-    userinfo: Literal["user:password", "token"] | None = None
+    userinfo: Userinfo | None = None
     for url in split_urls(value):
         parts = urlsplit(url)
         if parts.query and query is None:

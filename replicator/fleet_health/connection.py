@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from pydantic import ValidationError
 
 from replicator.config.model import TLSConfig
-from replicator.config.urls import url_options
+from replicator.config.urls import url_userinfo
 from replicator.transport.connections import connect_files
 from replicator.transport.material import MaterialFiles
 
@@ -65,7 +65,7 @@ class NatsConnection:
             raise ValueError("user_file and password_file go together (a user name and its password)")
         ways = [name for name, given in (("credentials", credentials), ("user_jwt/nkey_seed", user_jwt or nkey_seed),
                                          ("user_file/password_file", user_file)) if given]
-        if user_file and _userinfo(url):  # (credentials in the URL next to a .creds file: as before)
+        if user_file and url_userinfo(url):  # (credentials in the URL next to a .creds file: as before)
             ways.insert(0, "a user:password or token in the url")
         if len(ways) > 1:
             raise ValueError(f"{' and '.join(ways)} exclude each other: one way to authenticate")
@@ -111,13 +111,6 @@ class NatsConnection:
             if f.insecure:
                 out["tls_insecure"] = "true"
         return out
-
-
-def _userinfo(url: str) -> bool:
-    try:
-        return url_options(url).userinfo is not None
-    except ValueError:
-        return False  # connecting names the URL's problem
 
 
 def as_connection(target: NatsConnection | str, credentials: str | None = None) -> NatsConnection:
