@@ -56,6 +56,12 @@ def lookup(doc: Any, path: str) -> Any:
     return node
 
 
+def top_level_value(payload: bytes, field: str) -> Any:
+    """One top-level field's value by the full parse (None: absent, null or no JSON object)."""
+    doc = parse(payload)
+    return doc.get(field) if type(doc) is dict else None
+
+
 class Parsed:
     """A field decoder's result when the full parse read the field."""
 
@@ -79,10 +85,7 @@ def field_decoder(field: str) -> FieldDecoder:
         # need not count or walk it.
         shape = defstruct("KeyField", [("value", Any, None)], rename={"value": field}, gc=False)
     except ValueError:
-        def parse_whole(payload: bytes) -> Parsed:
-            doc = parse(payload)
-            return Parsed(doc.get(field) if type(doc) is dict else None)
-        return parse_whole
+        return lambda payload: Parsed(top_level_value(payload, field))
     return Decoder(shape).decode
 
 

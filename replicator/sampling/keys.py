@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from replicator.config.model import TopicConfig
-from replicator.sampling.body import REFUSED, BodyReader, field_decoder, parse
+from replicator.sampling.body import REFUSED, BodyReader, field_decoder, top_level_value
 from replicator.transport.header_block import HeaderView
 
 _TRUE_STRINGS = frozenset({"true", "yes", "1"})
@@ -107,8 +107,7 @@ def top_level_field(settings: TopicConfig) -> str | None:
 
 def top_level_key_of(payload: bytes, field: str) -> str | None:
     """The key by a full parse, for a body the field decoder refused (no JSON object)."""
-    doc = parse(payload)
-    return scalar_key(doc.get(field)) if type(doc) is dict else None
+    return scalar_key(top_level_value(payload, field))
 
 
 def identifier(settings: TopicConfig) -> Identify:

@@ -97,11 +97,12 @@ class Limiter:
         self.unflushed_passed = 0
         self.unflushed_skipped_bytes = 0
         self.unflushed_forced = 0
-        # `check_general`, or its fusion with the table for a store whose table decides. The decision when it needs no
-        # waiting, else what `settle` needs. At fleet rates most messages come from a known sender
-        # that is not due: those are skipped here, synchronously, from the store's cache; a store
-        # private to this process (memory, file) decides copies here too. Only the shared KV store
-        # needs `settle` to claim a copy. Keyless messages are copied (and counted).
+        # `check_general`, or its fusion with the table for a store whose table decides. The
+        # decision when it needs no waiting, else what `settle` needs. At fleet rates most messages
+        # come from a known sender that is not due: those are skipped here, synchronously, from the
+        # store's cache; a store private to this process (memory, file) decides copies here too.
+        # Only the shared KV store needs `settle` to claim a copy. Keyless messages are copied (and
+        # counted).
         self.fused = self._table_check()
         self.check: Check = self.check_general if self.fused is None else self._check_fused
 
