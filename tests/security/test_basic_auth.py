@@ -21,8 +21,25 @@ import pytest
 
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from replicator.service.runner import Replicator
-from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, write_config
-from tests.security.conftest import PASSWORD, USER, ServerFactory, assert_clean_failure, run_cli
+from tests.copier.helpers import (
+    InProcess,
+    make_stream,
+    profile_for,
+    publish_many,
+    spawn,
+    stop,
+    write_config,
+    writer_of,
+)
+from tests.security.conftest import (
+    PASSWORD,
+    USER,
+    Pki,
+    ServerFactory,
+    assert_clean_failure,
+    client_context,
+    run_cli,
+)
 from tests.security.test_rotation import (
     OUTCOMES,
     Rotate,
@@ -32,7 +49,8 @@ from tests.security.test_rotation import (
     wait_reconnected,
 )
 from tests.security.test_secrets import _run_and_collect, _scan
-from tests.support.faults import ContinuousPublisher, compare, read_stream
+from tests.support.certs import server_tls_block
+from tests.support.faults import ContinuousPublisher, compare, read_stream, stream_count, wait_count
 from tests.support.secret_volume import SecretVolume
 
 __all__ = ["_report_outcomes"]  # the fault table's rows (autouse fixture)
@@ -213,3 +231,67 @@ async def test_server_reloaded_first_then_the_file_rewritten(tmp_path: Path, nat
     records = [r.getMessage() for r in caplog.records]
     assert any("authorization violation" in m.lower() for m in records), records[-20:]
     assert not [m for m in records if TARGET_PASSWORD in m or NEW_PASSWORD in m]
+
+
+@pytest.mark.timeout(150)
+async def test_cities_over_tls_with_password_files_fan_in_through_a_kill(tmp_path: Path, pki: Pki,
+                                                                          nats_server: ServerFactory) -> None:
+    """The fleet's shape: two cities whose streams share one name (FLEET) run identical config
+    files (same topic and replicator name, only the URLs differ), every server speaks mutual TLS
+    and asks for a user and password, each read from mounted files. One city's replicator is
+    killed -9 mid-copy and started again. Every message of both cities lands once, in its city's
+    order, and no log holds a password."""
+    region_password = "region-P@ss/w#rd:%-9z"
+    cities = [(f"city{n}", f"city{n}-pw-{n}7x") for n in (1, 2)]
+    servers = {name: nats_server(name, server_tls_block(pki.server(name)) + "\n" + users_block((name, password)),
+                                 scheme="tls")
+               for name, password in [*cities, ("region", region_password)]}
+    client = pki.client("sr")
+    context = client_context(client)
+    region_files = basic_auth_volume(tmp_path / "region-auth", "region", region_password)
+    city_nc = {name: await nats.connect(servers[name].url, tls=context, user=name, password=password)
+               for name, password in cities}
+    region_nc = await nats.connect(servers["region"].url, tls=context, user="region", password=region_password)
+    procs: dict[str, Any] = {}
+    try:
+        paths = {}
+        for name, password in cities:
+            await make_stream(city_nc[name])
+            await publish_many(city_nc[name], 1500)  # a backlog, then continuous publishing
+            city_files = basic_auth_volume(tmp_path / f"{name}-auth", name, password)
+            config = {"topics": {"fleet": {
+                "topic": "fleet.>", "name": "sr", "source_url": f"nats://127.0.0.1:{servers[name].port}",
+                "target_url": f"nats://127.0.0.1:{servers['region'].port}",
+                "tls": {"scheme": "manual", "ca": str(client.ca), "cert": str(client.cert), "key": str(client.key)},
+                **files_of("source", city_files), **files_of("target", region_files)}}}
+            paths[name] = write_config(tmp_path / f"{name}.yaml", config)
+            procs[name] = spawn(paths[name], log_path=tmp_path / f"{name}.log")
+        publishers = [ContinuousPublisher(nc, rate=300).start() for nc in city_nc.values()]  # always mid-copy
+        assert await wait_count(region_nc, "FLEET", 2000, 60) is not None, (tmp_path / "city1.log").read_text()[-3000:]
+        assert stop(procs["city1"], kill=True) == -9
+        await asyncio.sleep(0.5)  # its city goes on publishing
+        procs["city1"] = spawn(paths["city1"], log_path=tmp_path / "city1.log")
+        await asyncio.sleep(1.0)
+        for publisher in publishers:
+            await publisher.stop()
+        total = sum([await stream_count(nc, "FLEET") for nc in city_nc.values()])
+        assert await wait_count(region_nc, "FLEET", total, 90) is not None, (tmp_path / "city1.log").read_text()[-3000:]
+        await asyncio.sleep(1.0)  # anything duplicated would land by now
+        for proc in procs.values():
+            assert stop(proc) == 0
+        region = await read_stream(region_nc, "FLEET")
+        assert len(region) == total
+        for name, _ in cities:
+            writer = await writer_of(city_nc[name], "sr")
+            originals = await read_stream(city_nc[name], "FLEET")
+            outcome = compare("cities over TLS with password files, one killed", originals, region, recover_s=None,
+                              writer=writer)
+            assert outcome.lost == outcome.duplicated == outcome.mismatched == outcome.out_of_order == 0, outcome
+    finally:
+        for proc in procs.values():
+            stop(proc, kill=True)
+        for nc in [*city_nc.values(), region_nc]:
+            await nc.close()
+    logs = "".join((tmp_path / f"{name}.log").read_text() for name, _ in cities)
+    for _, password in [*cities, ("region", region_password)]:
+        assert password not in logs
