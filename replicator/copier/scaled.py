@@ -194,6 +194,8 @@ class ScaledWorker:
                 if now - last_check > 1.0:
                     last_check = now
                     await self._expire(now)
+                    if self.stuck.since:
+                        await self._settled_by_the_group()
             # Stop: no new work; finish what is in flight.
             puller.buffer.clear()
             deadline = time.monotonic() + PUBLISH_TIMEOUT
@@ -208,6 +210,18 @@ class ScaledWorker:
             ep.ready(False)
             await puller.stop()
             await self.publisher.stop()
+
+    async def _settled_by_the_group(self) -> None:
+        """A message this worker saw fail may be redelivered to another worker or pod and land
+        there: only the group's ack floor tells this worker it is settled, or it would report
+        itself stuck for ever."""
+        ep = self.ep
+        try:
+            info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.group_name)
+        except Exception as err:
+            log.debug("%s cannot read consumer %s: %s", ep.worker, ep.profile.group_name, err)
+            return
+        await self.stuck.settled_upto(info.ack_floor.stream_seq or 0 if info.ack_floor else 0)
 
     async def _admit(self, msg: RawMsg, out: list[tuple[str, bytes | None, bytes]], items: list[InFlight]) -> None:
         """Decide on one delivery: skipped ones are acked at once, copies join `out` (and `items`)

@@ -16,10 +16,11 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from replicator.cli.report import report_row
-from replicator.copier import failures, poison
+from replicator.copier import failures, poison, scaled
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config
 from tests.support.faults import compare, metric, read_stream, scrape, wait_count
+from tests.support.tcp_proxy import TcpProxy
 
 SCALED = {"workers": 2, "queue_group": "fleet_grp", "name": None}
 LIMIT = 2000  # the target stream's max_msg_size; the source takes more
@@ -131,3 +132,39 @@ async def test_an_unknown_error_is_retried_then_reported_stuck_until_it_clears(
         assert await _wait_sum(port, "stream_replicator_stuck", 0.0, 15) == 0.0
         assert (await asyncio.to_thread(_readyz, port))[0] == 200
         assert (await report_row(profile)).error == ""
+
+
+@pytest.mark.timeout(90)
+async def test_a_pod_stuck_on_a_message_that_lands_on_another_pod_stops_reporting_stuck(
+    monkeypatch: pytest.MonkeyPatch, source_server: LocalNatsServer, target_server: LocalNatsServer,
+    source_nc: Client, target_nc: Client,
+) -> None:
+    """Scaled mode: the message pod A failed for too long is redelivered to pod B (A's source link
+    is down) and lands there. A never sees it again, yet clears its stuck report once it reads the
+    group's ack floor; before, it stayed stuck (and unready) for ever."""
+    monkeypatch.delitem(failures.CODES, 10054)
+    monkeypatch.setattr(poison, "UNKNOWN_GRACE", 1.5)
+    monkeypatch.setattr(scaled, "ACK_WAIT", 3.0)  # a nak lost with the link is redelivered soon
+    await _source_with_one_big_message(source_nc)
+    await make_stream(target_nc, max_msg_size=LIMIT)
+    link = await TcpProxy(source_server.port).start()
+    group = {"workers": 1, "queued": True, "queue_group": "fleet_grp", "name": None}
+    port_a, port_b = free_port(), free_port()
+    pod_a = profile_for(topic_config(link.url, target_server.url, monitor=port_a, **group), instance="a")
+    pod_b = profile_for(topic_config(source_server.url, target_server.url, monitor=port_b, **group), instance="b")
+    try:
+        async with InProcess(pod_a):
+            assert await _wait_sum(port_a, "stream_replicator_stuck", 1.0, 30) == 1.0
+            link.cut()
+            js = target_nc.jetstream()
+            config: StreamConfig = (await js.stream_info("FLEET")).config
+            config.max_msg_size = -1
+            await js.update_stream(config)
+            async with InProcess(pod_b):
+                assert await wait_count(target_nc, "FLEET", 41, 30) is not None
+                assert await _wait_sum(port_b, "stream_replicator_stuck", 0.0, 5) == 0.0
+                link.restore()
+                assert await _wait_sum(port_a, "stream_replicator_stuck", 0.0, 15) == 0.0
+                assert (await asyncio.to_thread(_readyz, port_a))[0] == 200
+    finally:
+        await link.stop()
