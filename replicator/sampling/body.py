@@ -17,9 +17,9 @@ from _operator import attrgetter
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-import orjson
 from msgspec import UNSET, MsgspecError, UnsetType, defstruct
 from msgspec.json import Decoder
+from msgspec.json import decode as decode_any
 
 MISSING: Final = object()
 """A path that is absent (a JSON null is `None`)."""
@@ -29,10 +29,12 @@ REFUSED = (MsgspecError, ValueError, RecursionError)
 
 
 def parse(raw: bytes) -> Any:
-    """The whole decoded body, or `MISSING` when it is not JSON (binary, truncated, too deep)."""
+    """The whole decoded body, or `MISSING` when it is not JSON (binary, truncated, too deep).
+    msgspec, not orjson: orjson turns an integer beyond 64 bits into a float, which merged two
+    30-digit node ids one apart into one sender."""
     try:
-        return orjson.loads(raw)
-    except (ValueError, RecursionError):  # orjson.JSONDecodeError is a ValueError
+        return decode_any(raw)
+    except REFUSED:
         return MISSING
 
 

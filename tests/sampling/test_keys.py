@@ -128,7 +128,9 @@ def test_splay_is_deterministic_and_within_ten_percent() -> None:
 
 def test_integers_beyond_64_bits_stay_exact_keys() -> None:
     """Node ids of 30 digits: two of them, one apart, are two senders (a float would merge them)."""
-    for path, wrap in (("id", lambda v: {"id": v}), ("identity.id", lambda v: {"identity": {"id": v}})):
+    for path, wrap in (("id", lambda v: {"id": v}), ("identity.id", lambda v: {"identity": {"id": v}}),
+                       ("hosts.0.id", lambda v: {"hosts": [{"id": v}]}),  # a list index: the full parse
+                       ('say "id"', lambda v: {'say "id"': v})):  # a name msgspec cannot rename: the full parse
         keys = {extract_key(settings(inspect=path), "a", None, json.dumps(wrap(10**29 + n)).encode()) for n in (1, 2)}
         assert keys == {str(10**29 + 1), str(10**29 + 2)}
 
