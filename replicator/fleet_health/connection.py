@@ -65,7 +65,7 @@ class NatsConnection:
             raise ValueError("user_file and password_file go together (a user name and its password)")
         ways = [name for name, given in (("credentials", credentials), ("user_jwt/nkey_seed", user_jwt or nkey_seed),
                                          ("user_file/password_file", user_file)) if given]
-        if user_file and url_userinfo(url):  # (credentials in the URL next to a .creds file: as before)
+        if ways and url_userinfo(url):  # the worker's rule too (`config.model.check_auth`)
             ways.insert(0, "a user:password or token in the url")
         if len(ways) > 1:
             raise ValueError(f"{' and '.join(ways)} exclude each other: one way to authenticate")

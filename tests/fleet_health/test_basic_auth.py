@@ -97,6 +97,10 @@ def test_the_job_reads_user_and_password_files(spark: SparkSession, tmp_path: Pa
      "--credentials and --user-file/--password-file exclude each other"),
     (["--user-file", "{mount}/username", "--password-file", "{mount}/username", "--url", "nats://u:pw@127.0.0.1:1"],
      "a user:password or token in the url and --user-file/--password-file exclude each other"),
+    (["--credentials", "{mount}/username", "--url", "nats://u:pw@127.0.0.1:1"],
+     "a user:password or token in the url and --credentials exclude each other"),
+    (["--user-jwt", "{mount}/username", "--nkey-seed", "{mount}/username", "--url", "nats://tok@127.0.0.1:1"],
+     "a user:password or token in the url and --user-jwt/--nkey-seed exclude each other"),
 ])
 def test_unusable_arguments_exit_2(tmp_path: Path, extra: list[str], message: str) -> None:
     (tmp_path / "username").write_text(USER)
