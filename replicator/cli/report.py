@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from replicator.config.files import load_config
 from replicator.config.model import Config, Profile
 from replicator.copier.durable import WRITE_NOTE
-from replicator.copier.poison import STUCK_NOTE
+from replicator.copier.poison import stuck_notes
 from replicator.transport.connections import connect_once, material_for
 from replicator.transport.streams import find_source_stream
 
@@ -60,8 +60,8 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
         row.last_active = info.delivered.last_active if info.delivered else None
         metadata = info.config.metadata or {}
         row.write = metadata.get(WRITE_NOTE, "-")
-        stuck = metadata.get(STUCK_NOTE)
-        if stuck:  # noted by the worker itself: an error it cannot classify keeps failing
+        stuck = stuck_notes(metadata)
+        if stuck:  # noted by the workers themselves: an error they cannot classify keeps failing
             row.error = f"stuck: {stuck}"
     except Exception as err:
         row.error = str(err) or type(err).__name__

@@ -18,6 +18,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
+from collections.abc import Mapping
 
 from replicator.copier.endpoints import PUBLISH_TIMEOUT, Endpoints
 from replicator.copier.failures import UNKNOWN_GRACE
@@ -29,10 +30,17 @@ from replicator.transport.wire import RawMsg
 
 log = logging.getLogger(__name__)
 
-STUCK_NOTE = "stream-replicator.stuck"
+STUCK_NOTE = "stream-replicator.stuck"  # a consumer metadata key per worker: `<STUCK_NOTE>.<worker>`
 ERROR = "Stream-Replicator-Error"
 SUBJECT = "Stream-Replicator-Subject"
 PAYLOAD_SIZE = "Stream-Replicator-Payload-Size"
+
+
+def stuck_notes(metadata: Mapping[str, str]) -> str:
+    """What the workers of a consumer noted as stuck, one entry each (scaled mode's workers share
+    the consumer: one worker clearing its note leaves the others')."""
+    return "; ".join(v for k, v in sorted(metadata.items())
+                     if v and (k == STUCK_NOTE or k.startswith(f"{STUCK_NOTE}.")))
 
 
 def describe(err: PublishError) -> str:
@@ -120,4 +128,5 @@ class StuckWatch:
 
     async def _note(self, text: str | None) -> None:
         with contextlib.suppress(Exception):
-            await set_consumer_note(self.ep.source_js, self.ep.source_stream, self.consumer, STUCK_NOTE, text)
+            await set_consumer_note(self.ep.source_js, self.ep.source_stream, self.consumer,
+                                    f"{STUCK_NOTE}.{self.ep.worker}", text)

@@ -10,14 +10,16 @@ import json
 import logging
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 from nats.aio.client import Client
-from nats.js.api import StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from replicator.cli.report import report_row
 from replicator.copier import failures, poison, scaled
 from replicator.demo.local_nats import LocalNatsServer, free_port
+from replicator.transport.jetstream import PublishError
 from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config
 from tests.support.faults import compare, metric, read_stream, scrape, wait_count
 from tests.support.tcp_proxy import TcpProxy
@@ -168,3 +170,27 @@ async def test_a_pod_stuck_on_a_message_that_lands_on_another_pod_stops_reportin
                 assert (await asyncio.to_thread(_readyz, port_a))[0] == 200
     finally:
         await link.stop()
+
+
+async def test_workers_sharing_a_consumer_keep_their_own_stuck_notes(
+    source_server: LocalNatsServer, source_nc: Client,
+) -> None:
+    """Scaled mode's workers share one consumer: one of two stuck workers clearing its note leaves
+    the other's in `report` (one shared note was erased by whichever worker cleared first)."""
+    await make_stream(source_nc)
+    js = source_nc.jetstream()
+    await js.add_consumer("FLEET", ConsumerConfig(durable_name="fleet_grp", ack_policy=AckPolicy.EXPLICIT))
+    profile = profile_for(topic_config(source_server.url, source_server.url, **SCALED))
+    watches = [poison.StuckWatch(SimpleNamespace(  # type: ignore[arg-type]
+        source_js=js, source_stream="FLEET", worker=f"fleet_grp_{i}",
+        metrics=SimpleNamespace(stuck=SimpleNamespace(set=lambda _value: None))), "fleet_grp", grace=0.0)
+        for i in (0, 1)]
+    for seq, watch in enumerate(watches, start=7):
+        await watch.failed(seq, PublishError("a newer server's error", code=10999))
+    error = (await report_row(profile)).error
+    assert "fleet_grp_0: source sequence 7 " in error and "fleet_grp_1: source sequence 8 " in error, error
+    await watches[0].done(7)
+    error = (await report_row(profile)).error
+    assert "fleet_grp_0" not in error and "fleet_grp_1: source sequence 8 " in error, error
+    await watches[1].done(8)
+    assert (await report_row(profile)).error == ""
