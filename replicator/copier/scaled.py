@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from replicator.copier.control import Backoff, Stopper, wait_wake
@@ -57,6 +57,8 @@ from replicator.transport.wire import (
 
 log = logging.getLogger(__name__)
 
+GROUP_READ_EVERY = 5.0  # seconds between reads of the group durable's ack floor
+
 
 @dataclass(slots=True)
 class InFlight:
@@ -97,6 +99,11 @@ class ScaledWorker:
         self.bound = False  # pull nothing until bound (again: the stream's identity is in doubt)
         self.stuck = StuckWatch(self.ep, self.ep.profile.group_name)
         self.features_read = 0.0
+        # The group durable's ack floor as last read, and the source stream instance it belongs to:
+        # a durable deleted under running workers is created again after it, not at the start.
+        self.copied_floor = 0
+        self.floor_of: str | None = None
+        self.group_read = 0.0
 
     async def _bind(self) -> None:
         """The group's durable, this source stream instance's writer id, the target's features.
@@ -104,10 +111,33 @@ class ScaledWorker:
         delivery with a counter not above it comes from a durable created since, maybe on a new
         stream."""
         ep = self.ep
-        durable = await ensure_group_consumer(ep, self.max_in_flight, self.creating)
+        resume = await self._floor_to_resume()
+        durable = await ensure_group_consumer(ep, self.max_in_flight, self.creating, resume)
         self.last_cseq = durable.delivered.consumer_seq or 0 if durable.delivered else 0
-        self.transform.set_writer(await source_identity(ep))
+        identity = await source_identity(ep)
+        if resume and identity != self.floor_of:
+            # Created again between the two reads: the floor is the old stream's, and a durable
+            # made after it would skip the new stream's first messages.
+            self.copied_floor, self.floor_of = 0, None
+            with contextlib.suppress(NotFoundError):
+                await ep.source_js.delete_consumer(ep.source_stream, ep.profile.group_name)
+            raise RuntimeError(f"source stream {ep.source_stream} was created again while binding")
+        self.transform.set_writer(identity)
+        self._note_floor(durable)
         await self._read_features()
+
+    async def _floor_to_resume(self) -> int:
+        """The ack floor a missing durable is created after: the last this worker read, if the
+        source stream is still the instance it was read from (else 0: the start position)."""
+        if not self.copied_floor:
+            return 0
+        return self.copied_floor if await source_identity(self.ep) == self.floor_of else 0
+
+    def _note_floor(self, info: ConsumerInfo) -> None:
+        floor = info.ack_floor.stream_seq or 0 if info.ack_floor else 0
+        identity = self.transform.writer.identity
+        if identity != self.floor_of or floor > self.copied_floor:
+            self.copied_floor, self.floor_of = floor, identity
 
     async def _rebind(self, puller: Puller, backoff: Backoff) -> None:
         """Bind again before pulling more: a worker that pulled on with the old stream's writer id
@@ -194,8 +224,9 @@ class ScaledWorker:
                 if now - last_check > 1.0:
                     last_check = now
                     await self._expire(now)
-                    if self.stuck.since:
-                        await self._settled_by_the_group()
+                    if self.bound and (self.stuck.since or now - self.group_read > GROUP_READ_EVERY):
+                        self.group_read = now
+                        await self._read_group()
             # Stop: no new work; finish what is in flight.
             puller.buffer.clear()
             deadline = time.monotonic() + PUBLISH_TIMEOUT
@@ -211,17 +242,20 @@ class ScaledWorker:
             await puller.stop()
             await self.publisher.stop()
 
-    async def _settled_by_the_group(self) -> None:
-        """A message this worker saw fail may be redelivered to another worker or pod and land
-        there: only the group's ack floor tells this worker it is settled, or it would report
-        itself stuck for ever."""
+    async def _read_group(self) -> None:
+        """The group durable's ack floor, every second while a message this worker saw fail is
+        unsettled: it may be redelivered to another worker or pod and land there, and only the
+        floor tells this worker, which would report itself stuck for ever. Every few seconds
+        otherwise, for `_floor_to_resume`."""
         ep = self.ep
         try:
             info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.group_name)
-        except Exception as err:
+        except Exception as err:  # deleted (the next pull says so), or the source unreachable
             log.debug("%s cannot read consumer %s: %s", ep.worker, ep.profile.group_name, err)
             return
-        await self.stuck.settled_upto(info.ack_floor.stream_seq or 0 if info.ack_floor else 0)
+        self._note_floor(info)
+        if self.stuck.since:
+            await self.stuck.settled_upto(info.ack_floor.stream_seq or 0 if info.ack_floor else 0)
 
     async def _admit(self, msg: RawMsg, out: list[tuple[str, bytes | None, bytes]], items: list[InFlight]) -> None:
         """Decide on one delivery: skipped ones are acked at once, copies join `out` (and `items`)
@@ -313,17 +347,21 @@ class ScaledWorker:
         await self._settle()
 
 
-async def ensure_group_consumer(ep: Endpoints, max_in_flight: int, creating: asyncio.Lock) -> ConsumerInfo:
+async def ensure_group_consumer(ep: Endpoints, max_in_flight: int, creating: asyncio.Lock,
+                                copied_upto: int = 0) -> ConsumerInfo:
     """The shared durable: created once (first-start position), then just bound by every worker.
     After a hand-over (`resume_after`) a durable still behind it is replaced; one that comes back
-    behind it anyway (another pod replacing it at the same moment) is replaced again.
+    behind it anyway (another pod replacing it at the same moment) is replaced again. So is one
+    behind `copied_upto`, the ack floor a running worker last read: a durable deleted by hand (or
+    created again from the start by a pod that never read it) would copy the whole stream again,
+    and the target's duplicate window only catches the last minutes of it.
 
     `creating` is held by one worker of the process at a time: workers that delete and create the
     durable together can get it back from the server with the old delivery state
     (`durable.FRESH_ATTEMPTS`). It belongs to the process's replicator, so it lives and dies with
     that replicator's event loop."""
     name = ep.profile.group_name
-    handed_over = ep.profile.settings.resume_after or 0
+    handed_over = max(ep.profile.settings.resume_after or 0, copied_upto)
     async with creating:
         for _ in range(FRESH_ATTEMPTS):
             delivered, info = await _ensure_group_consumer(ep, max_in_flight, name, handed_over)
@@ -343,13 +381,18 @@ async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str,
         floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
         if floor >= handed_over:
             return floor, info
-        # Left from before another engine copied up to `resume_after`: it would copy that again.
-        log.info("%s replaces consumer %s (ack floor %d, copied elsewhere up to %d)",
-                 ep.worker, name, floor, handed_over)
+        # Left from before another engine copied up to `resume_after`, or created again from the
+        # start by a pod that never read the floor: it would copy that again.
+        log.info("%s replaces consumer %s (ack floor %d, copied up to %d)", ep.worker, name, floor, handed_over)
         with contextlib.suppress(NotFoundError):
             await ep.source_js.delete_consumer(ep.source_stream, name)
     except NotFoundError:
-        pass
+        if handed_over > (ep.profile.settings.resume_after or 0):
+            log.warning("%s: consumer %s is gone: created again after source sequence %d, the group's ack "
+                        "floor when last read (not at the start position: that would copy it all again)",
+                        ep.worker, name, handed_over)
+    position = ({"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": handed_over + 1}
+                if handed_over else start_position(ep.profile))
     config = ConsumerConfig(
         durable_name=name,
         ack_policy=AckPolicy.EXPLICIT,
@@ -357,7 +400,7 @@ async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str,
         max_ack_pending=max(20_000, max_in_flight * 8),
         filter_subject=ep.profile.settings.topic,
         max_waiting=2048,
-        **start_position(ep.profile),  # type: ignore[arg-type]
+        **position,  # type: ignore[arg-type]
     )
     try:
         info = await ep.source_js.add_consumer(ep.source_stream, config)

@@ -14,6 +14,7 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from replicator.config import Profile
+from replicator.copier import scaled
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.transport.jetstream import Puller
 from tests.copier.helpers import (
@@ -133,3 +134,30 @@ async def test_a_worker_bound_before_the_re_creation_copies_as_the_new_writer(
         await recreate_behind_the_worker(source_nc, profile)
         assert await wait_count(target_nc, "FLEET", 500, 30) is not None, "the new stream's copies were dropped"
     await check_each_writer(source_nc, target_nc, old, old_writer)
+
+
+async def test_a_group_durable_deleted_under_running_workers_comes_back_after_its_floor(
+    monkeypatch: pytest.MonkeyPatch, source_server: LocalNatsServer, target_server: LocalNatsServer,
+    source_nc: Client, target_nc: Client,
+) -> None:
+    """Someone deletes the group's durable (`nats consumer rm`) long after the stream was copied.
+    The workers create it again after the ack floor they last read, not at the start position:
+    the target's duplicate window (1 s here, 2 minutes by default) has forgotten the old copies,
+    so a copy from the start landed every message twice."""
+    monkeypatch.setattr(scaled, "GROUP_READ_EVERY", 1.0)
+    await make_stream(source_nc)
+    await make_stream(target_nc, duplicate_window=1.0)
+    await publish_many(source_nc, 300)
+    profile = profile_for(topic_config(source_server.url, target_server.url, **SCALED))
+    async with InProcess(profile):
+        assert await wait_count(target_nc, "FLEET", 300, 30) is not None
+        await asyncio.sleep(3.0)  # the floor read, the duplicate window gone by
+        await source_nc.jetstream().delete_consumer("FLEET", profile.group_name)
+        await publish_many(source_nc, 100, start=300)
+        assert await wait_count(target_nc, "FLEET", 400, 30) is not None
+        await asyncio.sleep(2.0)  # what would be copied again lands by now
+        info = await source_nc.jetstream().consumer_info("FLEET", profile.group_name)
+    outcome = compare("durable deleted", await read_stream(source_nc, "FLEET"), await read_stream(target_nc, "FLEET"),
+                      recover_s=None)
+    assert outcome.lost == 0 and outcome.duplicated == 0 and outcome.mismatched == 0, outcome
+    assert info.config.opt_start_seq is not None and info.config.opt_start_seq > 1, info.config
