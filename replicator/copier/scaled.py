@@ -57,7 +57,24 @@ from replicator.transport.wire import (
 
 log = logging.getLogger(__name__)
 
-GROUP_READ_EVERY = 5.0  # seconds between reads of the group durable's ack floor
+GROUP_READ_EVERY = 10.0  # seconds between a process's reads of the group durable's ack floor
+
+
+class GroupState:
+    """What the workers of one process share about the group's durable: one of them creates it
+    at a time (`creating`), and its ack floor as last read, with the source stream instance it
+    belongs to (a durable deleted under running workers is created again after it)."""
+
+    def __init__(self) -> None:
+        self.creating = asyncio.Lock()
+        self.floor = 0
+        self.floor_of: str | None = None
+        self.read_at = 0.0
+
+    def note(self, info: ConsumerInfo, identity: str) -> None:
+        floor = info.ack_floor.stream_seq or 0 if info.ack_floor else 0
+        if identity != self.floor_of or floor > self.floor:
+            self.floor, self.floor_of = floor, identity
 
 
 @dataclass(slots=True)
@@ -79,7 +96,7 @@ class ScaledWorker:
 
     ep: Endpoints
     stopper: Stopper = field(default_factory=Stopper)
-    creating: asyncio.Lock = field(default_factory=asyncio.Lock)  # shared by the process's workers
+    group: GroupState = field(default_factory=GroupState)  # shared by the process's workers
 
     def __post_init__(self) -> None:
         self.wake = asyncio.Event()
@@ -99,11 +116,6 @@ class ScaledWorker:
         self.bound = False  # pull nothing until bound (again: the stream's identity is in doubt)
         self.stuck = StuckWatch(self.ep, self.ep.profile.group_name)
         self.features_read = 0.0
-        # The group durable's ack floor as last read, and the source stream instance it belongs to:
-        # a durable deleted under running workers is created again after it, not at the start.
-        self.copied_floor = 0
-        self.floor_of: str | None = None
-        self.group_read = 0.0
 
     async def _bind(self) -> None:
         """The group's durable, this source stream instance's writer id, the target's features.
@@ -112,32 +124,28 @@ class ScaledWorker:
         stream."""
         ep = self.ep
         resume = await self._floor_to_resume()
-        durable = await ensure_group_consumer(ep, self.max_in_flight, self.creating, resume)
+        group = self.group
+        durable = await ensure_group_consumer(ep, self.max_in_flight, group.creating, resume)
         self.last_cseq = durable.delivered.consumer_seq or 0 if durable.delivered else 0
         identity = await source_identity(ep)
-        if resume and identity != self.floor_of:
+        if resume and identity != group.floor_of:
             # Created again between the two reads: the floor is the old stream's, and a durable
             # made after it would skip the new stream's first messages.
-            self.copied_floor, self.floor_of = 0, None
+            group.floor, group.floor_of = 0, None
             with contextlib.suppress(NotFoundError):
                 await ep.source_js.delete_consumer(ep.source_stream, ep.profile.group_name)
             raise RuntimeError(f"source stream {ep.source_stream} was created again while binding")
         self.transform.set_writer(identity)
-        self._note_floor(durable)
+        group.note(durable, identity)
         await self._read_features()
 
     async def _floor_to_resume(self) -> int:
         """The ack floor a missing durable is created after: the last this worker read, if the
         source stream is still the instance it was read from (else 0: the start position)."""
-        if not self.copied_floor:
+        group = self.group
+        if not group.floor:
             return 0
-        return self.copied_floor if await source_identity(self.ep) == self.floor_of else 0
-
-    def _note_floor(self, info: ConsumerInfo) -> None:
-        floor = info.ack_floor.stream_seq or 0 if info.ack_floor else 0
-        identity = self.transform.writer.identity
-        if identity != self.floor_of or floor > self.copied_floor:
-            self.copied_floor, self.floor_of = floor, identity
+        return group.floor if await source_identity(self.ep) == group.floor_of else 0
 
     async def _rebind(self, puller: Puller, backoff: Backoff) -> None:
         """Bind again before pulling more: a worker that pulled on with the old stream's writer id
@@ -224,8 +232,8 @@ class ScaledWorker:
                 if now - last_check > 1.0:
                     last_check = now
                     await self._expire(now)
-                    if self.bound and (self.stuck.since or now - self.group_read > GROUP_READ_EVERY):
-                        self.group_read = now
+                    if self.bound and (self.stuck.since or now - self.group.read_at > GROUP_READ_EVERY):
+                        self.group.read_at = now  # the process's other workers need not read it too
                         await self._read_group()
             # Stop: no new work; finish what is in flight.
             puller.buffer.clear()
@@ -253,7 +261,7 @@ class ScaledWorker:
         except Exception as err:  # deleted (the next pull says so), or the source unreachable
             log.debug("%s cannot read consumer %s: %s", ep.worker, ep.profile.group_name, err)
             return
-        self._note_floor(info)
+        self.group.note(info, self.transform.writer.identity)
         if self.stuck.since:
             await self.stuck.settled_upto(info.ack_floor.stream_seq or 0 if info.ack_floor else 0)
 

@@ -16,7 +16,7 @@ from replicator.config.model import Profile
 from replicator.copier.control import Stopper
 from replicator.copier.endpoints import Endpoints
 from replicator.copier.ordered import OrderedCopier
-from replicator.copier.scaled import ScaledWorker
+from replicator.copier.scaled import GroupState, ScaledWorker
 from replicator.observe.metrics import Metrics, WorkerMetrics
 from replicator.observe.monitor import MonitorServer
 from replicator.sampling.election import LeaderElection
@@ -247,10 +247,9 @@ class Replicator:
             task.cancel()
 
     async def _run_scaled(self, metrics: list[WorkerMetrics], source_stream: str, target_stream: str) -> None:
-        creating = asyncio.Lock()  # the group's durable is created by one worker at a time
+        group = GroupState()  # the group's durable: created by one worker at a time, its floor read by one
         self.loops = [
-            ScaledWorker(self._endpoints(w, m, source_stream, target_stream), stopper=self.stopper,
-                         creating=creating)
+            ScaledWorker(self._endpoints(w, m, source_stream, target_stream), stopper=self.stopper, group=group)
             for w, m in zip(self.workers, metrics, strict=True)
         ]
         await asyncio.gather(*(loop.run() for loop in self.loops))
