@@ -163,6 +163,7 @@ class OrderedCopier:
             ep.ready(True)
             await self._loop()
             await finish(self)
+            await self.stuck.stopped()
         finally:
             ep.ready(False)
             if self.puller:

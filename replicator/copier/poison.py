@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import re
 import time
 from collections.abc import Mapping
 
@@ -31,16 +32,29 @@ from replicator.transport.wire import RawMsg
 log = logging.getLogger(__name__)
 
 STUCK_NOTE = "stream-replicator.stuck"  # a consumer metadata key per worker: `<STUCK_NOTE>.<worker>`
+NOTE_REFRESH = 60.0  # seconds: a stuck worker writes its note again this often...
+NOTE_STALE = 300.0  # ...and `report` leaves out one older than this: its worker was killed while stuck
+_AS_OF = re.compile(r" \(as of (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\)$")
+STAMP = "%Y-%m-%dT%H:%M:%SZ"
 ERROR = "Stream-Replicator-Error"
 SUBJECT = "Stream-Replicator-Subject"
 PAYLOAD_SIZE = "Stream-Replicator-Payload-Size"
 
 
-def stuck_notes(metadata: Mapping[str, str]) -> str:
+def stuck_notes(metadata: Mapping[str, str], now: dt.datetime | None = None) -> str:
     """What the workers of a consumer noted as stuck, one entry each (scaled mode's workers share
-    the consumer: one worker clearing its note leaves the others')."""
-    return "; ".join(v for k, v in sorted(metadata.items())
-                     if v and (k == STUCK_NOTE or k.startswith(f"{STUCK_NOTE}.")))
+    the consumer: one worker clearing its note leaves the others'), without the notes no worker
+    has renewed for `NOTE_STALE` seconds (pods that were killed while stuck)."""
+    now = now or dt.datetime.now(dt.UTC)
+    notes = []
+    for key, value in sorted(metadata.items()):
+        if not value or not (key == STUCK_NOTE or key.startswith(f"{STUCK_NOTE}.")):
+            continue
+        as_of = _AS_OF.search(value)
+        if as_of and (now - dt.datetime.strptime(as_of[1], STAMP).replace(tzinfo=dt.UTC)).total_seconds() > NOTE_STALE:
+            continue
+        notes.append(value)
+    return "; ".join(notes)
 
 
 def describe(err: PublishError) -> str:
@@ -95,6 +109,7 @@ class StuckWatch:
         self.since: dict[int, float] = {}  # source seq -> first unknown failure (monotonic)
         self.stuck: str | None = None  # what is reported while stuck
         self.stuck_seq = 0
+        self.noted = 0.0  # when the note was last written (monotonic)
 
     async def failed(self, seq: int, err: PublishError) -> None:
         now = time.monotonic()
@@ -102,11 +117,23 @@ class StuckWatch:
         if self.stuck is None and now - first >= self.grace:
             when = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=now - first)
             self.stuck_seq = seq
-            self.stuck = (f"source sequence {seq} failing since {when:%Y-%m-%dT%H:%M:%SZ} with an error "
+            self.stuck = (f"source sequence {seq} failing since {when:{STAMP}} with an error "
                           f"this release does not classify: {describe(err)}")
             self.ep.metrics.stuck.set(1)
             log.error("%s is stuck: %s (still retrying)", self.ep.worker, self.stuck)
-            await self._note(f"{self.ep.worker}: {self.stuck}")
+            await self._note_stuck(now)
+        elif self.stuck is not None and now - self.noted >= NOTE_REFRESH:
+            await self._note_stuck(now)
+
+    async def stopped(self) -> None:
+        """A worker stopping while stuck takes its note with it (a killed one leaves it to go stale)."""
+        if self.stuck is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._note(None), 2.0)
+
+    async def _note_stuck(self, now: float) -> None:
+        self.noted = now
+        await self._note(f"{self.ep.worker}: {self.stuck} (as of {dt.datetime.now(dt.UTC):{STAMP}})")
 
     async def done(self, seq: int) -> None:
         """`seq` landed or was given up (scaled mode: messages settle one by one)."""

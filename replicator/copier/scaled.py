@@ -243,6 +243,7 @@ class ScaledWorker:
                     await asyncio.wait_for(self.wake.wait(), 0.5)
                 self.wake.clear()
                 await self._settle()
+            await self.stuck.stopped()
             with contextlib.suppress(Exception):
                 await ep.source_nc.flush(timeout=2)
         finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 import urllib.error
@@ -20,6 +21,7 @@ from replicator.cli.report import report_row
 from replicator.copier import failures, poison, scaled
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from replicator.transport.jetstream import PublishError
+from replicator.transport.streams import set_consumer_note
 from tests.copier.helpers import InProcess, make_stream, profile_for, publish_many, topic_config
 from tests.support.faults import compare, metric, read_stream, scrape, wait_count
 from tests.support.tcp_proxy import TcpProxy
@@ -173,10 +175,13 @@ async def test_a_pod_stuck_on_a_message_that_lands_on_another_pod_stops_reportin
 
 
 async def test_workers_sharing_a_consumer_keep_their_own_stuck_notes(
-    source_server: LocalNatsServer, source_nc: Client,
+    monkeypatch: pytest.MonkeyPatch, source_server: LocalNatsServer, source_nc: Client,
 ) -> None:
     """Scaled mode's workers share one consumer: one of two stuck workers clearing its note leaves
-    the other's in `report` (one shared note was erased by whichever worker cleared first)."""
+    the other's in `report` (one shared note was erased by whichever worker cleared first). A
+    worker stopping while stuck takes its note along; the note of one killed while stuck is left
+    out of `report` once nobody renewed it for `NOTE_STALE` (pods come back with new names)."""
+    monkeypatch.setattr(poison, "NOTE_REFRESH", 0.0)
     await make_stream(source_nc)
     js = source_nc.jetstream()
     await js.add_consumer("FLEET", ConsumerConfig(durable_name="fleet_grp", ack_policy=AckPolicy.EXPLICIT))
@@ -190,7 +195,12 @@ async def test_workers_sharing_a_consumer_keep_their_own_stuck_notes(
     error = (await report_row(profile)).error
     assert "fleet_grp_0: source sequence 7 " in error and "fleet_grp_1: source sequence 8 " in error, error
     await watches[0].done(7)
+    await watches[1].failed(8, PublishError("a newer server's error", code=10999))  # renewed
     error = (await report_row(profile)).error
     assert "fleet_grp_0" not in error and "fleet_grp_1: source sequence 8 " in error, error
-    await watches[1].done(8)
+    await watches[1].stopped()
+    assert (await report_row(profile)).error == ""
+    killed = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=poison.NOTE_STALE + 60)
+    await set_consumer_note(js, "FLEET", "fleet_grp", f"{poison.STUCK_NOTE}.fleet_grp_9",
+                            f"fleet_grp_9: source sequence 9 failing since ... (as of {killed:%Y-%m-%dT%H:%M:%SZ})")
     assert (await report_row(profile)).error == ""
