@@ -140,7 +140,7 @@ class ScaledWorker:
         await self._read_features()
 
     async def _floor_to_resume(self) -> int:
-        """The ack floor a missing durable is created after: the last this worker read, if the
+        """The ack floor a missing durable is created after: the last this process read, if the
         source stream is still the instance it was read from (else 0: the start position)."""
         group = self.group
         if not group.floor:
@@ -254,8 +254,8 @@ class ScaledWorker:
     async def _read_group(self) -> None:
         """The group durable's ack floor, every second while a message this worker saw fail is
         unsettled: it may be redelivered to another worker or pod and land there, and only the
-        floor tells this worker, which would report itself stuck for ever. Every few seconds
-        otherwise, for `_floor_to_resume`."""
+        floor tells this worker, which would report itself stuck for ever. Otherwise every
+        `GROUP_READ_EVERY` seconds, by one worker of the process, for `_floor_to_resume`."""
         ep = self.ep
         try:
             info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.group_name)
