@@ -30,6 +30,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from replicator.copier.provenance import CHORIA_SOURCE, PROVENANCE, Writer, parse_choria_source, parse_provenance
+from replicator.transport.streams import ack_floor
 from replicator.transport.wire import ACK_PENDING, ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ async def resume_point(position: TargetPosition, source_js: JetStreamContext, so
     except NotFoundError:
         landed = await position.last_landed(floor=0, scan=False)
         return Resume(landed.source_seq + 1, landed.source_seq > 0, landed.target_seq)
-    floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
+    floor = ack_floor(info)
     delivered = info.delivered.stream_seq if info.delivered and info.delivered.stream_seq else floor
     pending = bool(info.num_ack_pending)
     not_before = 0

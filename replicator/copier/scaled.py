@@ -45,6 +45,7 @@ from replicator.transport.jetstream import (
     nak,
     term,
 )
+from replicator.transport.streams import ack_floor
 from replicator.transport.wire import (
     ACK_CONSUMER_SEQ,
     ACK_DELIVERED,
@@ -71,10 +72,12 @@ class GroupState:
         self.floor_of: str | None = None
         self.read_at = 0.0
 
-    def note(self, info: ConsumerInfo, identity: str) -> None:
-        floor = info.ack_floor.stream_seq or 0 if info.ack_floor else 0
+    def note(self, info: ConsumerInfo, identity: str) -> int:
+        """Keep the durable's ack floor, and return it."""
+        floor = ack_floor(info)
         if identity != self.floor_of or floor > self.floor:
             self.floor, self.floor_of = floor, identity
+        return floor
 
 
 @dataclass(slots=True)
@@ -262,9 +265,9 @@ class ScaledWorker:
         except Exception as err:  # deleted (the next pull says so), or the source unreachable
             log.debug("%s cannot read consumer %s: %s", ep.worker, ep.profile.group_name, err)
             return
-        self.group.note(info, self.transform.writer.identity)
+        floor = self.group.note(info, self.transform.writer.identity)
         if self.stuck.since:
-            await self.stuck.settled_upto(info.ack_floor.stream_seq or 0 if info.ack_floor else 0)
+            await self.stuck.settled_upto(floor)
 
     async def _admit(self, msg: RawMsg, out: list[tuple[str, bytes | None, bytes]], items: list[InFlight]) -> None:
         """Decide on one delivery: skipped ones are acked at once, copies join `out` (and `items`)
@@ -387,7 +390,7 @@ async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str,
     its info."""
     try:
         info = await ep.source_js.consumer_info(ep.source_stream, name)
-        floor = info.ack_floor.stream_seq if info.ack_floor and info.ack_floor.stream_seq else 0
+        floor = ack_floor(info)
         if floor >= handed_over:
             return floor, info
         # Left from before another engine copied up to `resume_after`, or created again from the

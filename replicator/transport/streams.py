@@ -9,7 +9,7 @@ import logging
 from dataclasses import replace
 
 from nats.aio.client import Client
-from nats.js.api import StreamConfig
+from nats.js.api import ConsumerInfo, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
@@ -134,6 +134,11 @@ async def stream_created(nc: Client, stream: str, api_prefix: str = "$JS.API", t
         when = dt.datetime.fromisoformat(head + offset).astimezone(dt.UTC)
         created = when.strftime("%Y-%m-%dT%H:%M:%S") + (f".{digits.rstrip('0')}" if digits.strip("0") else "") + "Z"
     return created
+
+
+def ack_floor(info: ConsumerInfo) -> int:
+    """The stream sequence up to which a consumer's deliveries are all acknowledged (0: none yet)."""
+    return info.ack_floor.stream_seq or 0 if info.ack_floor else 0
 
 
 async def set_consumer_note(js: JetStreamContext, stream: str, consumer: str, key: str, value: str | None) -> None:
