@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import ServiceUnavailableError
 
 from replicator.copier.headers import HeaderPolicy
 from replicator.copier.provenance import MSG_ID, PROVENANCE, parse_provenance
@@ -60,10 +61,16 @@ async def read_stream(nc: Client, stream: str, within: float = 60.0) -> list[Sto
     deadline = time.monotonic() + within
     try:
         while len(out) < total and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                for m in await psub.fetch(min(2000, total - len(out)), timeout=2):
-                    seq = m.metadata.sequence.stream
-                    out.append(StoredMsg(seq, m.subject, m.data, dict(m.headers or {})))
+            try:
+                msgs = await psub.fetch(min(2000, total - len(out)), timeout=2)
+            except TimeoutError:
+                continue
+            except ServiceUnavailableError:  # a clustered stream's reading consumer still moving after a restart
+                await asyncio.sleep(0.2)
+                continue
+            for m in msgs:
+                seq = m.metadata.sequence.stream
+                out.append(StoredMsg(seq, m.subject, m.data, dict(m.headers or {})))
     finally:
         with contextlib.suppress(Exception):
             await psub.unsubscribe()
