@@ -10,7 +10,7 @@ all: test
 
 # The modules setup.py compiles (its HOT_MODULES): an installed build of an older copy of one of them
 # would shadow the edited source, so editing one reinstalls (and recompiles).
-COMPILED_SOURCES := replicator/transport/wire.py replicator/sampling/limiter.py replicator/copier/admission.py replicator/sampling/state/table.py replicator/sampling/body.py replicator/sampling/keys.py
+COMPILED_SOURCES := replicator/transport/wire.py replicator/sampling/limiter.py replicator/copier/admission.py replicator/sampling/state/table.py replicator/sampling/body.py replicator/sampling/keys.py replicator/copier/transform.py replicator/copier/window.py replicator/copier/headers.py replicator/transport/subjects.py
 
 $(STAMP): pyproject.toml setup.py $(COMPILED_SOURCES)
 	$(PYTHON) -m venv $(VENV)

@@ -15,12 +15,14 @@ from pathlib import Path
 
 from setuptools import setup
 
-# The per-message work of a copy: the wire parser, the sampler's skip decision and the ordered
-# copier's runs of skips. All stay ordinary Python source as well, which is what runs wherever they
-# are not compiled.
+# The per-message work of a copy: the wire parser, the sampler's skip decision, the ordered
+# copier's runs of skips and copies, each copy's subject and header block, and its window entry. All
+# stay ordinary Python source as well, which is what runs wherever they are not compiled.
 HOT_MODULES = ["replicator/transport/wire.py", "replicator/sampling/limiter.py",
               "replicator/copier/admission.py", "replicator/sampling/state/table.py",
-              "replicator/sampling/body.py", "replicator/sampling/keys.py"]
+              "replicator/sampling/body.py", "replicator/sampling/keys.py",
+              "replicator/copier/transform.py", "replicator/copier/window.py", "replicator/copier/headers.py",
+              "replicator/transport/subjects.py"]
 SETTING = "STREAM_REPLICATOR_COMPILE"
 
 

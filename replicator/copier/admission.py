@@ -1,52 +1,73 @@
-"""Runs of skipped deliveries, taken in one compiled call (`setup.py` compiles this module).
+"""Runs of deliveries admitted in one compiled call (`setup.py` compiles this module).
 
-At fleet rates 11 of 12 deliveries are sampled out. Each one is an ack subject to read, a
-sampling decision and a note of the newest skipped sequence; in the ordered copier's interpreted
-loop that was over half its time (cProfile, 1.2 million fleet deliveries: the copier's `_admit`,
-5.0 of 9.0 s). `take_skips` takes the whole run at once and stops at the first delivery that is
-not a plain skip: a copy, a decision only the state store can settle, a gap in the consumer's
-sequence or a redelivery. The copier keeps every rule about those.
+Every delivery is an ack subject to read, a sampling decision, and either a note of the newest
+skipped sequence or a copy built and placed in the window. In the ordered copier's interpreted
+loop that was most of its time: at fleet rates the skips (cProfile, 1.2 million fleet
+deliveries: the copier's `_admit`, 5.0 of 9.0 s), and for every copy five interpreted calls
+(the decision, the window entry, the copy's build and its header block) where a 512 B message's
+whole copy costs a few microseconds. `take_run` takes the whole run at once: skips, and copies
+built (`transform.py`, compiled too) into window entries, until the first delivery that is
+neither: a decision only the state store can settle, a gap in the consumer's sequence or a
+redelivery; or until the window has no more room. The copier keeps every rule about those.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Final
 
-from replicator.sampling.limiter import DeliveryCheck, Pending
-from replicator.transport.wire import ACK_CONSUMER_SEQ, ACK_PENDING, ACK_STREAM_SEQ, RawMsg, ack_tokens
+from replicator.copier.transform import MessageTransform
+from replicator.copier.window import Entry
+from replicator.sampling.limiter import DeliveryCheck, Pending, copy_everything
+from replicator.transport.wire import ACK_CONSUMER_SEQ, ACK_PENDING, ACK_STREAM_SEQ, ACK_TIMESTAMP, RawMsg, ack_tokens
 
 
 class Run:
-    """What `take_skips` did, for the copier to apply once per run."""
+    """What `take_run` did, for the copier to apply once per run."""
 
     def __init__(self) -> None:
         self.skipped = 0  # deliveries skipped, taken off the buffer
         self.skipped_bytes = 0
+        self.entries: list[Entry] = []  # copies, built and ready for the window, in order
+        self.copied_bytes = 0
         self.last_cseq = 0  # consumer sequence of the last delivery taken
-        self.seq = 0  # stream sequence of the last one skipped (0: none), and its ack subject
+        # The newest skip ahead of the run's first copy (0: none), and its ack subject: it belongs
+        # to what the copier already holds. A skip after a copy is noted on that copy's entry.
+        self.seq = 0
         self.reply = ""
         self.lag: str | None = None  # pending count of the last delivery taken (None: none taken)
-        # The delivery the run stopped at, taken off the buffer because its verdict was asked
-        # (a copy, or `Pending`): its ack tokens, stream sequence and that verdict.
+        # The delivery the run stopped at because its verdict is `Pending`: taken off the buffer,
+        # with its ack tokens, stream sequence and that verdict.
         self.head: RawMsg | None = None
         self.tokens: list[str] = []
         self.head_seq = 0
         self.verdict: bool | Pending = True
 
+    @property
+    def taken(self) -> int:
+        return self.skipped + len(self.entries)
+
 
 NOT_AN_ACK: Final = -1
 
 
-def take_skips(buffer: deque[RawMsg], verdict: DeliveryCheck, last_cseq: int, floor: int, most: int) -> Run:
-    """Skip deliveries off the front of `buffer` (at most `most`) while each one is the next of the
-    consumer (`last_cseq` + 1), newer than `floor` (the highest stream sequence the copier holds)
-    and sampled out. A delivery that fails either test stays in the buffer for the copier's own
-    path; one whose verdict is a copy or `Pending` is taken and handed back as `head`."""
+def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTransform, last_cseq: int,
+             floor: int, most: int, room: int) -> Run:
+    """Admit deliveries off the front of `buffer` (at most `most`, and at most `room` copies)
+    while each one is the next of the consumer (`last_cseq` + 1) and newer than `floor` (the
+    highest stream sequence the copier holds): skips are noted, copies built into entries. A
+    delivery that fails either test stays in the buffer for the copier's own path, as does any
+    once `room` copies are taken (its verdict is not asked: a sampling decision counts the sender
+    as copied). One whose verdict is `Pending` is taken and handed back as `head`."""
     run = Run()
-    skipped = skipped_bytes = 0
+    entries = run.entries
+    skipped = skipped_bytes = copied_bytes = 0
     lag: str | None = None
-    while buffer and skipped < most:
+    last: Entry | None = None
+    received = time.monotonic()
+    everything = verdict is copy_everything
+    while buffer and skipped + len(entries) < most and len(entries) < room:
         msg = buffer[0]
         cseq, seq, tokens = _sequences(msg.reply)
         if cseq != last_cseq + 1 or seq <= floor:
@@ -54,17 +75,27 @@ def take_skips(buffer: deque[RawMsg], verdict: DeliveryCheck, last_cseq: int, fl
         buffer.popleft()
         last_cseq = cseq
         lag = tokens[ACK_PENDING]
-        copy = verdict(msg, tokens, seq)
+        copy = True if everything else verdict(msg, tokens, seq)
         if copy is False:
             skipped += 1
             skipped_bytes += len(msg.data)
             floor = seq
-            run.seq = seq
-            run.reply = msg.reply
+            if last is None:
+                run.seq, run.reply = seq, msg.reply
+            else:
+                last.skipped_seq, last.skipped_reply = seq, msg.reply
+            continue
+        if copy is True:
+            ts = int(tokens[ACK_TIMESTAMP])
+            last = Entry(msg, seq, ts, received, transform.build(msg, seq, ts))
+            entries.append(last)
+            copied_bytes += len(msg.data)
+            floor = seq
             continue
         run.head, run.tokens, run.head_seq, run.verdict = msg, tokens, seq, copy
         break
-    run.skipped, run.skipped_bytes, run.last_cseq, run.lag = skipped, skipped_bytes, last_cseq, lag
+    run.skipped, run.skipped_bytes, run.copied_bytes = skipped, skipped_bytes, copied_bytes
+    run.last_cseq, run.lag = last_cseq, lag
     return run
 
 

@@ -16,7 +16,7 @@ from nats.js.client import JetStreamContext
 from replicator.config.model import Profile
 from replicator.copier.provenance import stream_identity
 from replicator.observe.metrics import WorkerMetrics
-from replicator.sampling.limiter import Pending
+from replicator.sampling.limiter import Pending, copy_everything
 from replicator.transport.streams import stream_created
 from replicator.transport.wire import ACK_TIMESTAMP, RawMsg
 
@@ -45,7 +45,7 @@ def verdict_for(ep: Endpoints) -> Verdict:
     max_age = ep.profile.settings.max_age
     sampled = ep.limiter.for_deliveries() if ep.limiter is not None else None
     if not max_age:
-        return sampled or (lambda _msg, _tokens, _seq: True)
+        return sampled or copy_everything
 
     oldest = float(max_age)
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from replicator.copier.provenance import MSG_ID, PROVENANCE
 
 RENAMED = "Stream-Replicator-Orig-"
-_RENAMED = RENAMED.encode()
-_PROVENANCE = PROVENANCE.encode()
-_MSG_ID = MSG_ID.encode()
+_RENAMED: Final = RENAMED.encode()
+_PROVENANCE: Final = PROVENANCE.encode()
+_MSG_ID: Final = MSG_ID.encode()
 MARKER = "Nats-Marker-Reason"
 INCR = "Nats-Incr"
 
@@ -155,17 +156,20 @@ class Applied:
     chainable: bool = True  # False: must not carry Nats-Expected-* (the server refuses them with Nats-Incr)
 
 
-@dataclass(slots=True)
 class AppliedBlock:
     """A source message's header block after the policy, without its closing empty line, so this
-    hop's own lines can be appended; and what that implies for the publish."""
+    hop's own lines can be appended; and what that implies for the publish. (A plain class: see
+    `window.Entry`.)"""
 
-    head: bytes
-    empty_payload: bool = False
-    chainable: bool = True
+    __slots__ = ("chainable", "empty_payload", "head")
+
+    def __init__(self, head: bytes, empty_payload: bool = False, chainable: bool = True) -> None:
+        self.head = head
+        self.empty_payload = empty_payload
+        self.chainable = chainable
 
 
-_NO_HEADERS = AppliedBlock(b"NATS/1.0\r\n")  # shared: callers only read it
+_NO_HEADERS: Final = AppliedBlock(b"NATS/1.0\r\n")  # shared: callers only read it
 
 
 class HeaderPolicy:

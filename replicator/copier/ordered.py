@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicator.copier import durable
-from replicator.copier.admission import Run, take_skips
+from replicator.copier.admission import Run, take_run
 from replicator.copier.batching import BATCH_WINDOW, BatchWriter, State, state
 from replicator.copier.control import Backoff, Stopper, then, wait_wake
 from replicator.copier.endpoints import (
@@ -50,7 +50,7 @@ from replicator.copier.position import (
 )
 from replicator.copier.shutdown import finish
 from replicator.copier.transform import MessageTransform
-from replicator.copier.window import Entry, any_unsure, batch_failure, landed, reset, settled
+from replicator.copier.window import Entry, any_unsure, batch_failure, landed, reset, sent_in, settled, take_sendable
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import Publisher, PublishError, Puller, ack
@@ -194,11 +194,16 @@ class OrderedCopier:
             admitted = received_bytes = 0
             limit = self._capacity()  # by bytes too: copies wait in the window while the target is slow
             while puller.buffer and len(self.window) < limit and self.gap is None and admitted < ADMIT_CHUNK:
-                run = self._take_skips(puller.buffer, ADMIT_CHUNK - admitted)
-                admitted, received_bytes = admitted + run.skipped, received_bytes + run.skipped_bytes
+                run = self._take_run(puller.buffer, ADMIT_CHUNK - admitted, limit)
+                admitted += run.taken
+                received_bytes += run.skipped_bytes + run.copied_bytes
+                if run.entries:
+                    alone = self._place_run(run.entries)
+                    if alone is not None:
+                        await alone
                 if run.head is not None:
                     msg, admit = run.head, self._decided(run.head, run.tokens, run.head_seq, run.verdict)
-                elif puller.buffer and not run.skipped:  # out of the consumer's sequence, or a redelivery
+                elif puller.buffer and not run.taken:  # out of the consumer's sequence, or a redelivery
                     msg = puller.buffer.popleft()
                     admit = self._admit(msg)
                 else:
@@ -235,20 +240,32 @@ class OrderedCopier:
                 idle_checks = now
                 await self._check_stalled(now)
 
-    def _take_skips(self, buffer: deque[RawMsg], most: int) -> Run:
-        """The deliveries sampled out at the buffer's front, in one compiled call (`admission.py`),
-        and the delivery after them if it was decided."""
-        floor = max(self.committed, self.window[-1].last_seq) if self.window else self.committed
-        run = take_skips(buffer, self.verdict, self.last_cseq, floor, most)
+    def _take_run(self, buffer: deque[RawMsg], most: int, limit: int) -> Run:
+        """The skips and copies at the buffer's front, in one compiled call (`admission.py`); the
+        skips ahead of its first copy go with what the window holds. A copy into an empty window
+        with the chain not open goes alone (`_place_run`): the run takes no copy behind it."""
+        window = self.window
+        floor = max(self.committed, window[-1].last_seq) if window else self.committed
+        room = 1 if not window and not self.chain_open else limit - len(window)
+        run = take_run(buffer, self.verdict, self.transform, self.last_cseq, floor, most, room)
         if run.lag is not None:
             self.last_cseq, self.lag = run.last_cseq, run.lag
-        if run.skipped:
+        if run.seq:
             self._skip(run.seq, run.reply)
         return run
 
+    def _place_run(self, entries: list[Entry]) -> Coroutine[Any, Any, None] | None:
+        """A run's copies into the window, on their way to the target (`pump`); the coroutine that
+        sends the first alone when it heads the window and the chain is not open."""
+        self.window.extend(entries)
+        self.unsent.extend(entries)
+        if not self.chain_open and self.window[0] is entries[0]:
+            return self._send_alone(entries[0])
+        return None
+
     def _admit(self, msg: RawMsg) -> bool | Coroutine[Any, Any, bool]:
         """Put a delivered message in the window (and on its way to the target); False if a
-        redelivery or out of the consumer's sequence (which `take_skips` leaves to this)."""
+        redelivery or out of the consumer's sequence (which `take_run` leaves to this)."""
         reply = msg.reply
         tokens = ack_tokens(reply)
         cseq = int(tokens[ACK_CONSUMER_SEQ])
@@ -270,8 +287,7 @@ class OrderedCopier:
 
     def _decided(self, msg: RawMsg, tokens: list[str], seq: int,
                  copy: bool | Pending) -> bool | Coroutine[Any, Any, bool]:
-        """Synchronous for the commonest deliveries (a copy, a skip: no coroutine per message at
-        fleet rates); what has to wait comes back as a coroutine to await."""
+        """A decided delivery placed or skipped; what has to wait comes back as a coroutine."""
         if copy is False:
             return self._skip(seq, msg.reply)
         if copy is True:
@@ -280,12 +296,8 @@ class OrderedCopier:
 
     def _place(self, msg: RawMsg, tokens: list[str], seq: int) -> bool | Coroutine[Any, Any, bool]:
         ts = int(tokens[ACK_TIMESTAMP])
-        entry = Entry(msg, seq, ts, time.monotonic(), self.transform.build(msg, seq, ts))
-        self.window.append(entry)
-        self.unsent.append(entry)
-        if not self.chain_open and self.window[0] is entry:
-            return then(self._send_alone(entry), True)
-        return True
+        alone = self._place_run([Entry(msg, seq, ts, time.monotonic(), self.transform.build(msg, seq, ts))])
+        return True if alone is None else then(alone, True)
 
     async def _admit_settled(self, msg: RawMsg, tokens: list[str], seq: int, pending: Pending) -> bool:
         """A sampling decision the shared store settles (KV: races between processes)."""
@@ -314,16 +326,8 @@ class OrderedCopier:
             room = writer.room(len(unsent), self._capacity())
             if room == 0:
                 break  # flow control: the batch's acknowledgements wake us
-            taken: list[Entry] = []
-            messages: list[tuple[str, bytes, bytes]] = []
-            predecessor, chained = self.last_id, writer.chained
-            while room > len(taken) and unsent:
-                copy = unsent[0].copy
-                if not copy.chainable or len(copy.head) + len(copy.payload) > near_limit:
-                    break
-                taken.append(unsent.popleft())
-                messages.append((copy.subject, copy.block(predecessor if chained else None), copy.payload))
-                predecessor = copy.msg_id
+            chained = writer.chained
+            taken, messages, predecessor = take_sendable(unsent, room, near_limit, self.last_id, chained)
             if not taken:  # per message (the path, or a message too large to risk in a batch)
                 if not chained and self.window[0] is not unsent[0]:
                     break  # unchained: alone, once everything before it landed (`batching.py`)
@@ -331,11 +335,7 @@ class OrderedCopier:
                 entry.future = await self._publish(entry, self.last_id if chained else None)
                 self.last_id = entry.copy.msg_id
                 continue
-            batch, first = await writer.send(messages, self._capacity())
-            now = time.monotonic()
-            for i, entry in enumerate(taken):
-                entry.batch, entry.bseq, entry.sent_at = batch, first + i, now
-                entry.attempts += 1
+            sent_in(taken, *await writer.send(messages, self._capacity()))  # (batch, its first sequence)
             self.last_id = predecessor
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Final
 
 from replicator.copier.endpoints import Endpoints
 from replicator.copier.headers import HeaderPolicy, TargetFeatures
@@ -11,21 +11,23 @@ from replicator.transport.header_block import HeaderView
 from replicator.transport.subjects import SubjectRewriter
 from replicator.transport.wire import RawMsg
 
-_CHAIN = EXPECTED_LAST_MSG_ID.encode() + b": "
-_PROV = PROVENANCE.encode()
-_ID = MSG_ID.encode()
-_CHORIA = CHORIA_SOURCE.encode()
+_CHAIN: Final = EXPECTED_LAST_MSG_ID.encode() + b": "
+_PROV: Final = PROVENANCE.encode()
+_ID: Final = MSG_ID.encode()
+_CHORIA: Final = CHORIA_SOURCE.encode()
 
 
-@dataclass(slots=True)
 class Copy:
-    """What is published to the target for one source message."""
+    """What is published to the target for one source message (a plain class: see `window.Entry`)."""
 
-    subject: str
-    head: bytes  # the header block without its closing line: policy applied, provenance and id added
-    msg_id: bytes  # this copy's Nats-Msg-Id
-    payload: bytes
-    chainable: bool  # may carry the ordered chain's Nats-Expected-Last-Msg-Id
+    __slots__ = ("chainable", "head", "msg_id", "payload", "subject")
+
+    def __init__(self, subject: str, head: bytes, msg_id: bytes, payload: bytes, chainable: bool) -> None:
+        self.subject = subject
+        self.head = head  # the header block without its closing line: policy applied, provenance and id added
+        self.msg_id = msg_id  # this copy's Nats-Msg-Id
+        self.payload = payload
+        self.chainable = chainable  # may carry the ordered chain's Nats-Expected-Last-Msg-Id
 
     def block(self, predecessor: bytes | None = None) -> bytes:
         """The header block to send, chained to `predecessor`'s msg id (None: without the check)."""

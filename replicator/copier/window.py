@@ -4,8 +4,8 @@ known about each (answered, confirmed by a batch, or uncertain)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from dataclasses import dataclass
 
 from replicator.copier.batching import State, state
 from replicator.copier.failures import uncertain
@@ -15,23 +15,29 @@ from replicator.transport.jetstream import PublishError
 from replicator.transport.wire import RawMsg
 
 
-@dataclass(slots=True)
 class Entry:
     """One message in the ordered window, on its way to the target, and the skipped (sampled out,
-    too old) deliveries behind it: they are done when it is, and need no entry of their own."""
+    too old) deliveries behind it: they are done when it is, and need no entry of their own.
 
-    msg: RawMsg
-    seq: int
-    ts: int  # source timestamp, ns
-    received: float
-    copy: Copy
-    future: asyncio.Future[bytes] | None = None  # its PubAck, when published on its own
-    sent_at: float = 0.0
-    attempts: int = 0
-    skipped_seq: int = 0
-    skipped_reply: str = ""
-    batch: FastBatch | None = None  # or sent in this fast-ingest batch, as message `bseq`
-    bseq: int = 0
+    A plain class, not a dataclass: this module is compiled, and a compiled dataclass keeps the
+    interpreted `__init__` the dataclass machinery writes, one per copied message."""
+
+    __slots__ = ("attempts", "batch", "bseq", "copy", "future", "msg", "received", "sent_at", "seq",
+                 "skipped_reply", "skipped_seq", "ts")
+
+    def __init__(self, msg: RawMsg, seq: int, ts: int, received: float, copy: Copy) -> None:
+        self.msg = msg
+        self.seq = seq
+        self.ts = ts  # source timestamp, ns
+        self.received = received
+        self.copy = copy
+        self.future: asyncio.Future[bytes] | None = None  # its PubAck, when published on its own
+        self.sent_at = 0.0
+        self.attempts = 0
+        self.skipped_seq = 0
+        self.skipped_reply = ""
+        self.batch: FastBatch | None = None  # or sent in this fast-ingest batch, as message `bseq`
+        self.bseq = 0
 
     @property
     def last_seq(self) -> int:
@@ -44,6 +50,32 @@ class Entry:
     @property
     def sent(self) -> bool:
         return self.future is not None or self.batch is not None
+
+
+def take_sendable(unsent: deque[Entry], room: int, near_limit: int, predecessor: bytes | None,
+                  chained: bool) -> tuple[list[Entry], list[tuple[str, bytes, bytes]], bytes | None]:
+    """Up to `room` copies off the front of the unsent queue for one batch write, each chained to
+    the one before it (when `chained`): the entries, their (subject, header block, payload), and
+    the last one's msg id. It stops at a copy that must not be chained or that with the chain
+    line could exceed the server's `near_limit` (those go alone)."""
+    taken: list[Entry] = []
+    messages: list[tuple[str, bytes, bytes]] = []
+    while room > len(taken) and unsent:
+        copy = unsent[0].copy
+        if not copy.chainable or len(copy.head) + len(copy.payload) > near_limit:
+            break
+        taken.append(unsent.popleft())
+        messages.append((copy.subject, copy.block(predecessor if chained else None), copy.payload))
+        predecessor = copy.msg_id
+    return taken, messages, predecessor
+
+
+def sent_in(taken: list[Entry], batch: FastBatch, first: int) -> None:
+    """`taken` went out in `batch` as its messages `first`, `first` + 1, ..."""
+    now = time.monotonic()
+    for i, entry in enumerate(taken):
+        entry.batch, entry.bseq, entry.sent_at = batch, first + i, now
+        entry.attempts += 1
 
 
 def landed(entry: Entry) -> bool:

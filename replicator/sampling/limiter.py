@@ -61,6 +61,12 @@ DeliveryCheck = Callable[[RawMsg, list[str], int], bool | Pending]
 """`Check` for a delivery as the copy loops hold it: the message, its ack tokens, its stream sequence."""
 
 
+def copy_everything(_msg: RawMsg, _tokens: list[str], _seq: int) -> bool | Pending:
+    """The check of a topic that neither samples nor drops old messages: compiled, so asking it
+    costs no interpreted call, and the ordered copier's runs do not ask it at all."""
+    return True
+
+
 class Limiter:
     """Decides per message whether to copy; tracks senders in a StateStore.
 

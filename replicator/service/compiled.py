@@ -8,7 +8,9 @@ import importlib
 
 # The modules `setup.py` compiles (HOT_MODULES there, as paths; a test keeps the two lists equal).
 HOT_MODULES = ("replicator.transport.wire", "replicator.sampling.limiter", "replicator.copier.admission",
-               "replicator.sampling.state.table", "replicator.sampling.body", "replicator.sampling.keys")
+               "replicator.sampling.state.table", "replicator.sampling.body", "replicator.sampling.keys",
+               "replicator.copier.transform", "replicator.copier.window", "replicator.copier.headers",
+               "replicator.transport.subjects")
 
 
 def compiled_modules() -> list[str]:

@@ -36,7 +36,7 @@ from nats.aio.subscription import Subscription
 
 from replicator.transport.header_block import status
 from replicator.transport.jetstream import PublishError
-from replicator.transport.wire import hpub, send_frames, send_hpub, subscribe_raw, unsubscribe_raw
+from replicator.transport.wire import fast_batch_frames, send_frames, send_hpub, subscribe_raw, unsubscribe_raw
 
 log = logging.getLogger(__name__)
 
@@ -82,16 +82,9 @@ class FastBatch:
         first = self.sent + 1
         if self.sent == self.acked:
             self.progress = time.monotonic()
-        reply = self._reply
-        seq = self.sent
-        parts: list[bytes] = []
-        payload_bytes = 0
-        for subject, hdr, payload in messages:
-            seq += 1
-            parts += hpub(subject, f"{reply}{seq}.{0 if seq == 1 else 1}.$FI", hdr, payload)
-            payload_bytes += len(payload)
+        parts, payload_bytes = fast_batch_frames(messages, self._reply, self.sent)
         await send_frames(self.nc, parts, payload_bytes, len(messages))
-        self.sent = seq
+        self.sent += len(messages)
         self.subject = messages[-1][0]
         return first
 

@@ -347,6 +347,19 @@ def hpub(subject: str, reply: str, hdr: bytes | None, data: bytes, max_payload: 
     return b"PUB %s %d\r\n" % (to, len(data)), data, b"\r\n"
 
 
+def fast_batch_frames(messages: list[tuple[str, bytes, bytes]], reply: str, seq: int) -> tuple[list[bytes], int]:
+    """The frames of a fast-ingest batch's next messages, (subject, header block, payload) each,
+    after batch message `seq`: their parts (`hpub`) and payload bytes. Each one's reply subject
+    is the batch's `reply` prefix, its batch sequence and its operation (0: start, 1: append)."""
+    parts: list[bytes] = []
+    payload_bytes = 0
+    for subject, hdr, payload in messages:
+        seq += 1
+        parts += hpub(subject, f"{reply}{seq}.{0 if seq == 1 else 1}.$FI", hdr, payload)
+        payload_bytes += len(payload)
+    return parts, payload_bytes
+
+
 async def send_frames(nc: Client, parts: list[bytes], payload_bytes: int, messages: int) -> None:
     """The parts of `messages` frames (`hpub`), joined once and written as one command. The
     connection-state checks are nats-py's own, so buffering during a reconnect behaves exactly as
