@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import shutil
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -136,19 +137,36 @@ def report(results: list[tuple[Result, Result]]) -> str:
     return table(("copier", "payload", "messages", "msgs/s", "MB/s", "ratio", "copier CPU us/msg"), rows)
 
 
+def summary(runs: list[list[tuple[Result, Result]]]) -> str:
+    """Each row's ratio over all runs: the median and the range (each run against its own references)."""
+    ratios: dict[tuple[str, int], list[float]] = {}
+    for results in runs:
+        for r, ref in results:
+            if r is not ref:
+                ratios.setdefault((r.name, r.size), []).append(r.rate / ref.rate)
+    return table(("copier", "payload", "median ratio", "range", "runs"),
+                 [(name, f"{size} B", f"{statistics.median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}", str(len(v)))
+                  for (name, size), v in ratios.items()])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=100_000, help="messages with 512 B payloads")
-    parser.add_argument("--large-messages", type=int, default=10_000, help="messages with 16 KB payloads")
+    parser.add_argument("--large-messages", type=int, default=30_000, help="messages with 16 KB payloads")
     parser.add_argument("--sustained-messages", type=int, default=300_000,
                         help="512 B messages for the 50 ms RTT row and its loopback reference")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
-    parser.add_argument("--repeat", type=int, default=1, help="runs, each with its own references")
+    parser.add_argument("--repeat", type=int, default=3, help="runs, each with its own references (medians printed)")
     args = parser.parse_args(argv)
     cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     print(f"Data plane: copier throughput vs NATS's own mirror over a leafnode (same run; {describe()})")
+    runs = []
     for _ in range(args.repeat):
-        print(report(asyncio.run(run(args.messages, args.large_messages, args.sustained_messages, cases))), flush=True)
+        runs.append(asyncio.run(run(args.messages, args.large_messages, args.sustained_messages, cases)))
+        print(report(runs[-1]), flush=True)
+    if len(runs) > 1:
+        print(f"Over {len(runs)} runs (each ratio against the references of its own run):")
+        print(summary(runs))
     return 0
 
 

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--senders", type=int, default=100_000, help="fleet size for the fleet case (x12 messages)")
     parser.add_argument("--worst", type=int, default=200_000, help="messages for the worst case")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating unsampled/sampled pairs per case")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating unsampled/sampled pairs per case")
     args = parser.parse_args(argv)
     rows = asyncio.run(run(args.senders, args.worst, args.rounds))
     print(f"Sampling: source messages consumed per second, unsampled vs sampled, the same copier on the same "
