@@ -12,8 +12,8 @@ when it can be pulled, else a new stand-in (`--base standin` asks for the stand-
 Builds on machines behind a package proxy need the machine's pip configuration and CA bundle. With
 buildah they are mounted read-only into every RUN step, never copied into a layer: a temporary
 directory is mounted over /root (which every base has, so no mount point is left behind) holding
-`.config/pip/pip.conf` (the merged pip configuration: files and PIP_* variables) and the CA bundle
-it names, and each local directory the configuration points at (find-links, file:// indexes) is
+`.config/pip/pip.conf` (the merged pip configuration: files and PIP_* variables), the CA bundle
+and the constraint files it names, and each local directory the configuration points at (find-links, file:// indexes) is
 mounted read-only below it. docker builds have no build-time mounts without BuildKit-only syntax,
 so docker builds use pip's defaults. Standard library only: runs before any venv exists.
 """
@@ -47,8 +47,10 @@ TARGETS = ("worker", "spark")
 CONTAINER_HOME = "/root"
 PIP_CONF = ".config/pip/pip.conf"
 LOCAL_DIRS = ".pip-local"
-# pip options whose values are local paths (files) or lists of locations (directories, file:// URLs).
+# pip options whose values are local paths (files), lists of files, or lists of locations
+# (directories, file:// URLs).
 FILE_OPTIONS = ("cert", "client-cert")
+FILE_LIST_OPTIONS = ("constraint",)
 LOCATION_OPTIONS = ("find-links", "index-url", "extra-index-url")
 # Set by the Dockerfile itself, or meaningless inside a build.
 IGNORED_OPTIONS = ("config-file", "cache-dir", "no-cache-dir", "log", "target", "prefix", "root")
@@ -132,13 +134,17 @@ def plan_pip_mounts(
     files: dict[Path, str] = {}
     directories: dict[Path, str] = {}
     for options in sections.values():
-        for option in FILE_OPTIONS:
-            if option in options:
-                host = Path(options.pop(option))
-                if not exists(host):
-                    continue
+        for option in FILE_OPTIONS + FILE_LIST_OPTIONS:
+            if option not in options:
+                continue
+            value = options.pop(option)
+            hosts = [Path(v) for v in value.split()] if option in FILE_LIST_OPTIONS else [Path(value)]
+            paths = []
+            for host in filter(exists, hosts):
                 files.setdefault(host, f"{home}/{LOCAL_DIRS}/{option}-{len(files)}{host.suffix}")
-                options[option] = files[host]
+                paths.append(files[host])
+            if paths:
+                options[option] = " ".join(paths)
         for option in LOCATION_OPTIONS:
             if option not in options:
                 continue

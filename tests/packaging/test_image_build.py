@@ -69,11 +69,14 @@ def test_pip_mounts_plan(tmp_path: Path) -> None:
     index.mkdir(parents=True)
     ca = tmp_path / "ca.pem"
     ca.write_text("a CA")
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("torch<=2.14.1\n")
     settings = {
         "global": {
             "find-links": f"{wheels} /gone https://c.example/links",
             "extra-index-url": f"file://{index} https://d.example/simple file:///gone/simple",
             "cert": str(ca),
+            "constraint": f"{constraints} /gone/constraints.txt",
         }
     }
     plan = build.plan_pip_mounts(settings, system_ca=Path("/etc/ssl/certs/ca-certificates.crt"))
@@ -85,8 +88,10 @@ def test_pip_mounts_plan(tmp_path: Path) -> None:
         # An index's pages link to its files relatively: its parent is what is mounted.
         "extra-index-url": f"file://{home}/1/simple https://d.example/simple",
         "cert": f"{home}/cert-0.pem",
+        # A machine's pip constraints (a package cap) hold in the build too.
+        "constraint": f"{home}/constraint-1.txt",
     }
-    assert plan.files == {ca: f"{home}/cert-0.pem"}
+    assert plan.files == {ca: f"{home}/cert-0.pem", constraints: f"{home}/constraint-1.txt"}
     assert plan.directories == {wheels: f"{home}/0", index.parent: f"{home}/1"}
     # Without a configured `cert`, pip in the build trusts the machine's bundle.
     plan = build.plan_pip_mounts({}, system_ca=ca)
