@@ -236,7 +236,9 @@ class Limiter:
                     value, forced = None, False
                 if value is None or forced:
                     return check_key(value, forced, len(payload), seq)
-            i = index_get(value)
+            # The row and the clock's reading stay Python objects (`Any`): typed, the compiled code
+            # would unbox them and box them again, an allocation, for each column read or write.
+            i: Any = index_get(value)
             now = clock()
             if i is None:
                 if listeners or self.on_new is not None:
@@ -244,8 +246,11 @@ class Limiter:
                 table.add(value, now, len(payload), seq)  # a compiled call: no store between
                 self.unflushed_passed += 1
                 return True
-            last = seen[i]
-            if now - last < age and now - copied[i] < surely_not_due and not adv[i] and (src[i] != seq or not seq):
+            last: float = seen[i]
+            last_copy: float = copied[i]
+            advised: float = adv[i]
+            claimed_by: int = src[i]
+            if now - last < age and now - last_copy < surely_not_due and not advised and (claimed_by != seq or not seq):
                 if now > last:
                     seen[i] = now
                 self.unflushed_skipped += 1
