@@ -52,6 +52,12 @@ class Run:
 NOT_AN_ACK: Final = -1
 
 
+def copy_entry(msg: RawMsg, tokens: list[str], seq: int, transform: MessageTransform, received: float) -> Entry:
+    """A delivery's window entry, its copy built with the source timestamp its ack subject carries."""
+    ts = int(tokens[ACK_TIMESTAMP])
+    return Entry(msg, seq, ts, received, transform.build(msg, seq, ts))
+
+
 def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTransform, last_cseq: int,
              floor: int, most: int, room: int) -> Run:
     """Admit deliveries off the front of `buffer` (at most `most`, and at most `room` copies)
@@ -86,8 +92,7 @@ def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTr
                 last.skipped_seq, last.skipped_reply = seq, msg.reply
             continue
         if copy is True:
-            ts = int(tokens[ACK_TIMESTAMP])
-            last = Entry(msg, seq, ts, received, transform.build(msg, seq, ts))
+            last = copy_entry(msg, tokens, seq, transform, received)
             entries.append(last)
             copied_bytes += len(msg.data)
             floor = seq

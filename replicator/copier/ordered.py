@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicator.copier import durable
-from replicator.copier.admission import Run, take_run
+from replicator.copier.admission import Run, copy_entry, take_run
 from replicator.copier.batching import BATCH_WINDOW, BatchWriter, State, state
 from replicator.copier.control import Backoff, Stopper, then, wait_wake
 from replicator.copier.endpoints import (
@@ -59,7 +59,6 @@ from replicator.transport.wire import (
     ACK_DELIVERED,
     ACK_PENDING,
     ACK_STREAM_SEQ,
-    ACK_TIMESTAMP,
     RawMsg,
     ack_tokens,
 )
@@ -295,8 +294,7 @@ class OrderedCopier:
         return self._admit_settled(msg, tokens, seq, copy)
 
     def _place(self, msg: RawMsg, tokens: list[str], seq: int) -> bool | Coroutine[Any, Any, bool]:
-        ts = int(tokens[ACK_TIMESTAMP])
-        alone = self._place_run([Entry(msg, seq, ts, time.monotonic(), self.transform.build(msg, seq, ts))])
+        alone = self._place_run([copy_entry(msg, tokens, seq, self.transform, time.monotonic())])
         return True if alone is None else then(alone, True)
 
     async def _admit_settled(self, msg: RawMsg, tokens: list[str], seq: int, pending: Pending) -> bool:
