@@ -24,6 +24,7 @@ from tests.copier.helpers import (
     wait_for_count,
     write_config,
 )
+from tests.support.faults import acked_upto
 
 
 async def publish_rounds(nc, senders: int, rounds: int, pause: float = 0.0, start: int = 0) -> int:
@@ -63,14 +64,6 @@ async def test_ordered_sampling_copies_each_sender_once_per_age(source_server, t
 
 
 
-async def _acked(nc, durable: str = "sr") -> int:
-    try:
-        info = await nc.jetstream().consumer_info("FLEET", durable)
-    except Exception:  # not created yet
-        return 0
-    return info.ack_floor.stream_seq if info.ack_floor else 0
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("state", ["memory", "kv"])
@@ -94,7 +87,7 @@ async def test_kill_9_of_a_sampling_copier_loses_duplicates_and_reorders_nothing
         proc = spawn(config, log_path=log)
         try:
             for _ in range(1200):
-                if await _acked(source_nc) >= share * total or proc.poll() is not None:
+                if await acked_upto(source_nc, "FLEET", "sr") >= share * total or proc.poll() is not None:
                     break
                 await asyncio.sleep(0.02)
         finally:
@@ -105,10 +98,10 @@ async def test_kill_9_of_a_sampling_copier_loses_duplicates_and_reorders_nothing
         # Until it is up, too: the last kill can land after the killed worker acked everything,
         # and a SIGTERM before the process has its handlers ends it with -15, not a clean stop.
         for _ in range(1500):
-            if await _acked(source_nc) >= total and b"bound to" in log.read_bytes()[logged:]:
+            if await acked_upto(source_nc, "FLEET", "sr") >= total and b"bound to" in log.read_bytes()[logged:]:
                 break
             await asyncio.sleep(0.04)
-        assert await _acked(source_nc) == total, log.read_text()[-3000:]
+        assert await acked_upto(source_nc, "FLEET", "sr") == total, log.read_text()[-3000:]
     finally:
         assert stop(proc) == 0
     msgs = await read_all(target_nc, "FLEET")

@@ -17,7 +17,6 @@ from replicator.config import Profile
 from replicator.copier import scaled
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.transport.jetstream import Puller
-from replicator.transport.streams import ack_floor
 from tests.copier.helpers import (
     InProcess,
     make_stream,
@@ -27,7 +26,7 @@ from tests.copier.helpers import (
     wait_for_count,
     writer_of,
 )
-from tests.support.faults import StoredMsg, compare, read_stream, wait_count
+from tests.support.faults import StoredMsg, compare, read_stream, wait_acked, wait_count
 
 SCALED = {"workers": 3, "queue_group": "fleet_grp"}
 
@@ -137,15 +136,6 @@ async def test_a_worker_bound_before_the_re_creation_copies_as_the_new_writer(
     await check_each_writer(source_nc, target_nc, old, old_writer)
 
 
-async def _wait_ack_floor(nc: Client, consumer: str, floor: int, timeout: float = 30.0) -> None:
-    """Until the server has every copy's acknowledgement: the copies land on the target before
-    the source hears of them, and a process can only read the floor the server has."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while ack_floor(await nc.jetstream().consumer_info("FLEET", consumer)) < floor:
-        assert asyncio.get_running_loop().time() < deadline, f"ack floor of {consumer} stays below {floor}"
-        await asyncio.sleep(0.1)
-
-
 async def test_a_group_durable_deleted_under_running_workers_comes_back_after_its_floor(
     monkeypatch: pytest.MonkeyPatch, source_server: LocalNatsServer, target_server: LocalNatsServer,
     source_nc: Client, target_nc: Client,
@@ -161,7 +151,7 @@ async def test_a_group_durable_deleted_under_running_workers_comes_back_after_it
     profile = profile_for(topic_config(source_server.url, target_server.url, **SCALED))
     async with InProcess(profile):
         assert await wait_count(target_nc, "FLEET", 300, 30) is not None
-        await _wait_ack_floor(source_nc, profile.group_name, 300)
+        assert await wait_acked(source_nc, "FLEET", profile.group_name, 300, 30) is not None
         await asyncio.sleep(3.0)  # that floor read by the process, the duplicate window gone by
         await source_nc.jetstream().delete_consumer("FLEET", profile.group_name)
         await publish_many(source_nc, 100, start=300)

@@ -33,6 +33,7 @@ from tests.support.faults import (
     compare,
     read_stream,
     stream_count,
+    wait_acked,
     wait_count,
     wait_metric,
 )
@@ -175,15 +176,9 @@ class Rig:
         ordered consumer then tells instead (acknowledged only once its copies landed)."""
         if self.city is not None:
             want = await stream_count(self.source_nc, STREAM) + 1
-            js = self.source_nc.jetstream(timeout=2)
-            deadline = time.monotonic() + within
-            while time.monotonic() < deadline:
-                with contextlib.suppress(Exception):
-                    info = await js.consumer_info(STREAM, self._name())
-                    if (info.ack_floor.stream_seq or 0) >= want:
-                        return time.monotonic() - since
-                await asyncio.sleep(0.1)
-            return None
+            if await wait_acked(self.source_nc, STREAM, self._name(), want, within) is None:
+                return None
+            return time.monotonic() - since
         want = await self.source_count() + 1  # and one published after: the replicator is live again
         if await wait_count(self.target_nc, STREAM, want, within) is None:
             return None

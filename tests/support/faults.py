@@ -95,6 +95,26 @@ async def wait_count(nc: Client, stream: str, count: int, within: float) -> floa
     return None
 
 
+async def acked_upto(nc: Client, stream: str, consumer: str) -> int:
+    """The consumer's ack floor (stream sequence); 0 while it cannot be read (not created yet,
+    server down)."""
+    try:
+        info = await nc.jetstream(timeout=2).consumer_info(stream, consumer)
+    except Exception:
+        return 0
+    return info.ack_floor.stream_seq or 0 if info.ack_floor else 0
+
+
+async def wait_acked(nc: Client, stream: str, consumer: str, upto: int, within: float) -> float | None:
+    """Seconds until the consumer's ack floor reaches `upto`; None if it never did `within` seconds."""
+    start = time.monotonic()
+    while time.monotonic() - start < within:
+        if await acked_upto(nc, stream, consumer) >= upto:
+            return time.monotonic() - start
+        await asyncio.sleep(0.1)
+    return None
+
+
 class ContinuousPublisher:
     """Publishes indexed messages to the source at a steady rate, through outages.
 
