@@ -22,6 +22,7 @@ from replicator.config.model import Profile, redact_url
 from replicator.observe.metrics import WorkerMetrics
 from replicator.transport import reads
 from replicator.transport.material import Material, MaterialError, MaterialFiles, MaterialSource, source_for
+from replicator.transport.tls_probe import handshake_alert
 from replicator.transport.wire import widen_reads
 
 log = logging.getLogger(__name__)
@@ -324,10 +325,11 @@ class _FirstConnect:
         self.connected = False
         self.permanent = 0
         self.fatal: asyncio.Future[str] | None = None
+        self.nc: Client | None = None
 
     async def run(self, stopping: Callable[[], bool]) -> Client | None:
         """The connected client; None if nats-py gave up by itself (retry); ConnectError if hopeless."""
-        nc = self.make_client()
+        self.nc = nc = self.make_client()
         self.permanent = 0
         self.fatal = fatal = asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(nc.connect(**{
@@ -369,6 +371,8 @@ class _FirstConnect:
         if self.metrics:
             self.metrics.errors.inc()
         reason = None if self.connected else permanent_reason(err)
+        if reason is None and not self.connected and isinstance(err, ConnectionResetError):
+            reason = await self._reset_reason()
         if not self.connected:
             self.last_error = reason or _describe(err)
         if reason is None:
@@ -381,6 +385,16 @@ class _FirstConnect:
         # Every configured server said so (nats-py walks the list in turn): retrying cannot help.
         if self.permanent >= len(self.opts["servers"]) and self.fatal is not None and not self.fatal.done():
             self.fatal.set_result(reason)
+
+    async def _reset_reason(self) -> str | None:
+        """Why a TLS server reset the first connect, if it was our certificate (`tls_probe`)."""
+        nc = self.nc
+        server = nc._current_server if nc is not None else None
+        if nc is None or server is None or "tls" not in self.opts or not server.uri.hostname or not server.uri.port:
+            return None  # nats-py gives every server URL a port
+        alert = await handshake_alert(server.uri.hostname, server.uri.port, nc.ssl_context,
+                                      handshake_first=bool(self.opts.get("tls_handshake_first")))
+        return permanent_reason(alert) if alert is not None else None
 
     async def disconnected_cb(self) -> None:
         if not self.stopping():  # a clean shutdown disconnects too: not worth a warning

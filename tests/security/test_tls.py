@@ -14,12 +14,16 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
+from nats.aio.client import Client, Srv
 
-from replicator.demo.local_nats import LocalNatsServer
+from replicator.demo.local_nats import LocalNatsServer, free_port
 from replicator.transport import reads
+from replicator.transport.connections import _FirstConnect, permanent_reason
 from replicator.transport.reads import ChunkReader
+from replicator.transport.tls_probe import handshake_alert
 from tests.copier.helpers import (
     InProcess,
     make_stream,
@@ -29,7 +33,7 @@ from tests.copier.helpers import (
     stop,
     write_config,
 )
-from tests.security.conftest import Pki, ServerFactory, assert_clean_failure, run_cli, tls_server
+from tests.security.conftest import Pki, ServerFactory, assert_clean_failure, client_context, run_cli, tls_server
 from tests.support.certs import TlsFiles, write_puppet
 from tests.support.faults import compare, read_stream, wait_count
 
@@ -230,3 +234,39 @@ async def test_plaintext_server_never_sees_credentials_when_tls_is_configured(
         await asyncio.wait_for(connect(profile_for(settings), "source", "sr_0"), 10)
     server.close()
     assert b"pw-on-the-wire" not in received and b"CONNECT" not in received, bytes(received)
+
+
+@pytest.mark.timeout(30)
+async def test_a_reset_first_connect_is_explained_by_a_handshake_that_sends_nothing(
+    pki: Pki, nats_server: ServerFactory
+) -> None:
+    """Over TLS 1.3 a server that rejects our certificate may reset the connection instead of
+    saying why (nats-py's CONNECT was unread when it closed). The probe hears the alert; with an
+    accepted certificate, or nothing listening, it hears nothing and the retries go on."""
+    server = tls_server(nats_server, "target", pki.server("target"))
+    rogue = client_context(pki.client("sr-rogue", ca=pki.other_ca, trust=pki.ca))
+    alert = await handshake_alert("127.0.0.1", server.port, rogue)
+    assert alert is not None
+    reason = permanent_reason(alert)
+    assert reason is not None and "rejected our client certificate" in reason and "unknown ca" in reason, reason
+    good = client_context(pki.client("sr"))
+    assert await handshake_alert("127.0.0.1", server.port, good, timeout=0.5) is None
+    assert await handshake_alert("127.0.0.1", free_port(), good, timeout=0.5) is None
+
+
+@pytest.mark.timeout(30)
+async def test_a_reset_first_connect_to_a_server_that_rejects_us_ends_with_the_reason(
+    pki: Pki, nats_server: ServerFactory
+) -> None:
+    """The first connect's judgement asks the probe when a TLS server reset it: the reset (which
+    the race above makes rare, so it is handed in here) ends the attempt with the server's reason
+    instead of retrying for ever."""
+    server = tls_server(nats_server, "target", pki.server("target"))
+    rogue = client_context(pki.client("sr-rogue", ca=pki.other_ca, trust=pki.ca))
+    attempt = _FirstConnect({"servers": [server.url], "tls": rogue}, Client, "target", "sr_0", None, None)
+    attempt.nc = Client()
+    attempt.nc.options["tls"] = rogue
+    attempt.nc._current_server = Srv(urlparse(server.url))
+    attempt.fatal = asyncio.get_running_loop().create_future()
+    await attempt.error_cb(ConnectionResetError(104, "Connection reset by peer"))
+    assert attempt.fatal.done() and "unknown ca" in attempt.fatal.result(), attempt.last_error
