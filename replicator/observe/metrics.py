@@ -8,11 +8,13 @@ can run in one process (tests, the demo) without clashing.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 PREFIX = "stream_replicator_"
 LABELS = ("name", "worker")
@@ -94,9 +96,38 @@ class Metrics:
         }
         self.states = {n: Gauge(PREFIX + n, h, (*LABELS, label), registry=self.registry)
                        for n, (label, _values, h) in STATES.items()}
+        # A reloading process's own families, registered at its first reload.
+        self.reloads: Counter | None = None
+        self.last_reload_ok: Gauge | None = None
+
+    def reloaded(self, ok: bool) -> None:
+        """A config reload (`replicate --reload`) that applied (`ok`), or that failed to load."""
+        if self.reloads is None:
+            self.reloads = Counter(PREFIX + "config_reloads", "Config file reloads, by result (ok: applied; "
+                                   "error: the file did not load and the previous configuration runs on)",
+                                   ("result",), registry=self.registry)
+            self.last_reload_ok = Gauge(PREFIX + "config_last_reload_successful",
+                                        "1 if the last config reload applied, 0 if it failed", registry=self.registry)
+        self.reloads.labels(result="ok" if ok else "error").inc()
+        assert self.last_reload_ok is not None
+        self.last_reload_ok.set(1 if ok else 0)
 
     def worker(self, name: str, worker: str) -> WorkerMetrics:
         return WorkerMetrics(self, name, worker)
+
+    def forget(self, name: str, worker: str) -> None:
+        """Drop a worker's series, as when a reload removes its replication: scrapes stop showing
+        it, rather than its last values for ever."""
+        removals: list[tuple[MetricWrapperBase, tuple[str, ...]]] = [
+            (family, (name, worker))
+            for family in (*self.counters.values(), *self.gauges.values(), *self.histograms.values())]
+        removals += [(family, (name, worker, side, role)) for family in self.certificate_gauges.values()
+                     for side in ("source", "target") for role in ("client", "ca")]
+        removals += [(self.states[n], (name, worker, value)) for n, (_label, values, _h) in STATES.items()
+                     for value in values]
+        for family, labels in removals:
+            with contextlib.suppress(KeyError):
+                family.remove(*labels)
 
 
 @dataclass

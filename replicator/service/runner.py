@@ -81,7 +81,7 @@ class Replicator:
 
     def stop(self) -> None:
         if not self.stopper.stopping and self.loops:  # still starting: nothing in flight to finish
-            log.info("stopping: finishing in-flight messages")
+            log.info("%s stopping: finishing in-flight messages", self.profile.profile)
         self.stopper.stop()
         for loop in self.loops:
             loop.stopper.stop()

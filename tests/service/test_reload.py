@@ -1,0 +1,101 @@
+"""What a reload restarts (the plan, pure) and what a file that does not load leaves running."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import yaml
+from nats.aio.client import Client
+
+from replicator.config import Profile, parse_config
+from replicator.config.files import load_config
+from replicator.config.model import Config
+from replicator.demo.local_nats import LocalNatsServer, free_port
+from replicator.service.process import ReplicatorProcess
+from replicator.service.reload import ConfigWatch, plan
+from tests.copier.helpers import make_stream, publish_many
+from tests.support.faults import metric, scrape, wait_count, wait_metric
+
+
+def topic(name: str, **extra: Any) -> dict[str, Any]:
+    return {"topic": f"{name}.>", "source_url": "nats://127.0.0.1:4222", "target_url": "nats://127.0.0.1:4223",
+            **extra}
+
+
+def profiles(config: dict[str, Any]) -> dict[str, Profile]:
+    parsed = parse_config(config, "pool.yaml")
+    return {name: Profile(parsed, name, source="pool.yaml") for name in parsed.topics}
+
+
+def test_only_the_profiles_that_changed_restart() -> None:
+    running = profiles({"topics": {"a": topic("a"), "b": topic("b"), "c": topic("c")}})
+    wanted = profiles({"topics": {"a": topic("a"), "b": topic("b", max_in_flight=10), "d": topic("d")}})
+    changes = plan(running, list(wanted.values()))
+    assert [p.profile for p in changes.start] == ["b", "d"]
+    assert changes.stop == ["b", "c"] and changes.kept == ["a"]
+    assert changes.describe(running) == "added d; changed b; removed c; 1 unchanged"
+
+
+def test_the_monitor_port_is_the_process_s_not_a_copy_s() -> None:
+    running = profiles({"topics": {"a": topic("a", monitor=8080)}})
+    assert plan(running, list(profiles({"topics": {"a": topic("a", monitor=9090)}}).values())).empty
+
+
+def test_globals_a_profile_reads_restart_it_and_logging_does_not() -> None:
+    base = {"topics": {"a": topic("a")}}
+    running = profiles(base)
+    assert plan(running, list(profiles({**base, "name": "region-eu"}).values())).stop == ["a"]  # provenance
+    assert plan(running, list(profiles({**base, "state_dir": "/var/lib/sr"}).values())).stop == ["a"]
+    assert plan(running, list(profiles({**base, "log_level": "debug"}).values())).empty
+
+
+def test_the_watch_sees_a_new_file_once(tmp_path: Path) -> None:
+    path = tmp_path / "sr.yaml"
+    path.write_text("a")
+    watch = ConfigWatch(path)
+    assert not watch.changed()
+    path.write_text("b")
+    assert watch.changed() and not watch.changed()
+    path.unlink()
+    assert watch.changed()  # gone is a change; a reload then fails to read it and keeps what runs
+    path.write_text("b")
+    assert watch.changed()
+
+
+async def test_a_file_that_does_not_load_leaves_every_copy_running(
+        tmp_path: Path, source_server: LocalNatsServer, target_server: LocalNatsServer, source_nc: Client,
+        target_nc: Client) -> None:
+    await make_stream(source_nc, "A", ["a.>"])
+    port = free_port()
+    path = tmp_path / "sr.yaml"
+    good = {"topics": {"a": {**topic("a", monitor=port), "source_url": source_server.url,
+                             "target_url": target_server.url, "name": "sr_a"}}}
+    path.write_text(yaml.safe_dump(good))
+
+    def load() -> tuple[Config, list[Profile]]:
+        config = load_config(path)
+        return config, [Profile(config, name, source=str(path)) for name in config.topics]
+
+    config, first = load()
+    process = ReplicatorProcess(config, first, loader=load, watch=str(path))
+    task = asyncio.ensure_future(process.run())
+    try:
+        await publish_many(source_nc, 100, subject="a.n{i}")
+        assert await wait_count(target_nc, "A", 100, 30) is not None
+        replicator = process.replicators[0]
+        path.write_text("topics: {a: {topic: a.>, source_url: nowhere}}\n")
+        assert await wait_metric(port, "stream_replicator_config_last_reload_successful", 0.0, 20)
+        text = await asyncio.to_thread(scrape, port)
+        assert metric(text, "stream_replicator_config_reloads_total", result="error") == 1.0
+        assert process.replicators == [replicator]
+        await publish_many(source_nc, 100, start=100, subject="a.n{i}")
+        assert await wait_count(target_nc, "A", 200, 30) is not None  # still copying
+        path.write_text(yaml.safe_dump({**good, "log_level": "info"}))  # loads, changes no copy
+        process.reload_soon()
+        assert await wait_metric(port, "stream_replicator_config_last_reload_successful", 1.0, 20)
+        assert process.replicators == [replicator]
+    finally:
+        process.stop()
+        await asyncio.wait_for(task, 30)
