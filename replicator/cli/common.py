@@ -6,13 +6,15 @@ import argparse
 import logging
 import os
 import re
-
-from nats.aio.client import Client
+from typing import TYPE_CHECKING
 
 from replicator.config.durations import parse_duration
 from replicator.config.errors import ConfigError
 from replicator.config.model import Config, Profile
 from replicator.config.urls import url_options
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
 
 EXIT_CONFIG = 2
 

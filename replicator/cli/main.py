@@ -9,41 +9,58 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
-from replicator.cli import advisories, replicate, report, run, state
 from replicator.cli.common import EXIT_CONFIG
 from replicator.config.errors import ConfigError
-from replicator.demo import embedded as demo
-from replicator.fleet_health import cli as fleet_health
-from replicator.transport.connections import ConnectError
+from replicator.transport.websockets import import_nats_without_websockets
 
 SUBCOMMANDS = ("run", "replicate", "demo", "report", "advisories", "state", "fleet-health")
 DEBUG_FLAG = "--debug"
 
+# command -> (the module that defines its arguments and runs it, its help line). A command's module
+# is imported only when that command runs (or for `--help`): a worker loads no demo, Spark job or
+# reporting code.
+COMMANDS = {
+    "run": ("replicator.cli.run", "replicate one topic profile until SIGTERM/SIGINT"),
+    "replicate": ("replicator.cli.replicate", "replicate every profile (or stream) of a config file in one "
+                                              "process, as the Go tool does"),
+    "report": ("replicator.cli.report", "replication report per topic: streams, consumer, lag, last active"),
+    "advisories": ("replicator.cli.advisories", "show (or --follow) a topic's advisories"),
+    "state": ("replicator.cli.state", "the senders the limiter tracks (file or KV state)"),
+    "fleet-health": ("replicator.fleet_health.cli", "the fleet-health Spark job (run, the default) and its report"),
+    "demo": ("replicator.demo.embedded", "the embedded default: local servers, a fleet, replication, advisories "
+                                         "and fleet health"),
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def command_module(command: str) -> ModuleType:
+    return importlib.import_module(COMMANDS[command][0])
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or with `only` just that command's arguments (the others listed)."""
     parser = argparse.ArgumentParser(
         prog="stream-replicator",
         description="Replicate NATS JetStream streams, with sampling, advisories and fleet health.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run.add_arguments(sub.add_parser("run", help="replicate one topic profile until SIGTERM/SIGINT"))
-    replicate.add_arguments(sub.add_parser("replicate", help="replicate every profile (or stream) of a config "
-                                                             "file in one process, as the Go tool does"))
-    report.add_arguments(sub.add_parser("report", help="replication report per topic: streams, consumer, lag, "
-                                                       "last active"))
-    advisories.add_arguments(sub.add_parser("advisories", help="show (or --follow) a topic's advisories"))
-    state.add_arguments(sub.add_parser("state", help="the senders the limiter tracks (file or KV state)"))
-    fleet = sub.add_parser("fleet-health", help="the fleet-health Spark job (run, the default) and its report")
-    fleet.set_defaults(fleet_help=fleet.print_help)
-    actions = fleet.add_subparsers(dest="fleet_action", metavar="ACTION")
-    fleet_health.add_arguments(actions.add_parser("run", help="run the fleet-health Spark job (the default action)"))
-    fleet_health.add_report_arguments(actions.add_parser(
-        "report", help="write one self-contained HTML page from the job's Parquet history"))
-    demo.add_arguments(sub.add_parser("demo", help="the embedded default: local servers, a fleet, replication, "
-                                                   "advisories and fleet health"))
+    for command, (_module, help_text) in COMMANDS.items():
+        p = sub.add_parser(command, help=help_text)
+        if only is not None and command != only:
+            continue
+        module = command_module(command)
+        if command != "fleet-health":
+            module.add_arguments(p)
+            continue
+        p.set_defaults(fleet_help=p.print_help)
+        actions = p.add_subparsers(dest="fleet_action", metavar="ACTION")
+        module.add_arguments(actions.add_parser("run", help="run the fleet-health Spark job (the default action)"))
+        module.add_report_arguments(actions.add_parser(
+            "report", help="write one self-contained HTML page from the job's Parquet history"))
     return parser
 
 
@@ -67,25 +84,27 @@ def _normalise(argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import_nats_without_websockets()
+    from replicator.transport.connections import ConnectError
+
     args_list = _normalise(list(sys.argv[1:] if argv is None else argv))
-    parser = build_parser()
+    parser = build_parser(args_list[0] if args_list and args_list[0] in COMMANDS else None)
     args = parser.parse_args(args_list)
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
-    handlers = {"run": run.run, "replicate": replicate.run, "report": report.run, "advisories": advisories.run,
-                "state": state.run}
+    module = command_module(args.command)
     try:
         if args.command == "demo":
-            return demo.run_from_args(args)
+            return int(module.run_from_args(args))
         if args.command == "fleet-health":
             if args.fleet_action == "report":
-                return fleet_health.report_from_args(args)
+                return int(module.report_from_args(args))
             if args.fleet_action is None:
                 args.fleet_help()
                 return EXIT_CONFIG
-            return fleet_health.run_from_args(args)
-        return asyncio.run(handlers[args.command](args))
+            return int(module.run_from_args(args))
+        return int(asyncio.run(module.run(args)))
     except ConfigError as err:
         print(f"stream-replicator: config error: {err}", file=sys.stderr)
         return EXIT_CONFIG

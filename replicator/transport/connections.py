@@ -23,6 +23,7 @@ from replicator.observe.metrics import WorkerMetrics
 from replicator.transport import reads
 from replicator.transport.material import Material, MaterialError, MaterialFiles, MaterialSource, source_for
 from replicator.transport.tls_probe import handshake_alert
+from replicator.transport.websockets import need_websockets
 from replicator.transport.wire import widen_reads
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def server_options(urls: list[str], source: MaterialSource | None, what: str) ->
     """`servers` without their userinfo, the userinfo as options, and the material's TLS context and
     credential callbacks: how every connection (profile or not) reaches its servers."""
     servers, opts = split_userinfo(urls)
+    need_websockets(servers)
     out: dict[str, Any] = {"servers": servers, **opts}
     if source is not None:
         out.update(material_options(source, what))
