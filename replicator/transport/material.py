@@ -34,10 +34,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-import nkeys
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
 log = logging.getLogger(__name__)
 
 # Every kind of file a connection may read, in the order they are checked and named in messages.
@@ -96,6 +92,8 @@ class UserIdentity:
     jwt: bytes | None = None
 
     def sign(self, nonce: str) -> bytes:
+        import nkeys  # with PyNaCl, only a process that signs with an nkey loads it
+
         kp = nkeys.from_seed(bytearray(self.seed))
         try:
             return base64.b64encode(kp.sign(nonce.encode()))
@@ -143,6 +141,8 @@ def build(files: MaterialFiles, data: Mapping[str, bytes], names: Mapping[str, s
 
 
 def parse_certificates(data: bytes, where: str, role: CertificateRole) -> list[CertificateInfo]:
+    from cryptography import x509  # about 10 MB resident: only a process that reads certificates loads it
+
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
@@ -162,13 +162,17 @@ def _tls(files: MaterialFiles, data: Mapping[str, bytes],
         missing = "key" if key is None else "cert"
         raise MaterialError(where.get("cert") or where.get("key", "?"), f"has no matching {missing}")
     if cert is not None and key is not None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+
         client = parse_certificates(cert, where["cert"], "client")
         try:
             private = serialization.load_pem_private_key(key, password=None)
         except (ValueError, TypeError):
             raise MaterialError(where["key"], "not an unencrypted PEM private key (incomplete or damaged?)") from None
         leaf = x509.load_pem_x509_certificates(cert)[0]
-        if private.public_key().public_bytes(*_SPKI) != leaf.public_key().public_bytes(*_SPKI):
+        spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        if private.public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
             raise MaterialError(where["key"], f"does not match the certificate in {where['cert']}")
         found.append(client[0])  # the leaf; the rest of the file is its chain
     try:
@@ -182,9 +186,6 @@ def _tls(files: MaterialFiles, data: Mapping[str, bytes],
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx, found
-
-
-_SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
@@ -261,6 +262,8 @@ def _undecorated(data: bytes, kind: str) -> bytes:
 
 
 def _identity(seed: bytes, seed_where: str, jwt: bytes | None, jwt_where: str | None) -> UserIdentity:
+    import nkeys
+
     try:
         kp = nkeys.from_seed(bytearray(seed))
         public = kp.public_key.decode()
