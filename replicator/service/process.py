@@ -21,16 +21,19 @@ import logging
 import signal
 import socket
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from replicator.config.errors import ConfigError
 from replicator.config.model import Config, Profile
-from replicator.heartbeats import Heartbeats, heartbeat_profile
-from replicator.observe.gometrics import GoMetrics, GoStream, Sample
 from replicator.observe.metrics import Metrics
 from replicator.observe.monitor import MonitorServer
 from replicator.service.compiled import describe as describe_build
 from replicator.service.reload import WATCH_INTERVAL, ConfigWatch, Loader, Plan, plan
 from replicator.service.runner import Replicator
+
+if TYPE_CHECKING:  # imported when a Go-format file or heartbeats need them
+    from replicator.heartbeats import Heartbeats
+    from replicator.observe.gometrics import GoMetrics, Sample
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +102,14 @@ class ReplicatorProcess:
     def _plan_go_metrics(self) -> None:
         """The Go tool's families for a Go-format file or heartbeats, labelled for the profiles now."""
         if self.go_metrics is None and (self.config.dialect == "go" or self.config.heartbeats is not None):
+            from replicator.observe.gometrics import GoMetrics
+
             self.go_metrics = GoMetrics(self.metrics.registry)
             self.go_metrics.add_source(self._stream_samples)
             self.go_metrics.add_source(self._heartbeat_samples)
         if self.go_metrics is not None:
+            from replicator.observe.gometrics import GoStream
+
             self.go_metrics.streams = {
                 p.metrics_name: GoStream(p.go.stream, p.go.replicator, p.go.name, p.durable_name)
                 for p in self.profiles if p.go is not None}
@@ -193,6 +200,8 @@ class ReplicatorProcess:
     def _start_heartbeats(self) -> None:
         if self.config.heartbeats is None or self._stopping:
             return
+        from replicator.heartbeats import Heartbeats, heartbeat_profile
+
         name = site_name(self.config, self.profiles)
         self.heartbeats = Heartbeats(self.config.heartbeats, heartbeat_profile(self.config, name), name)
         self._heartbeats_task = asyncio.ensure_future(self.heartbeats.run())

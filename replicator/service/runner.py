@@ -8,22 +8,24 @@ import logging
 import signal
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nats.aio.client import Client
 
 from replicator.config.model import Profile
 from replicator.copier.control import Stopper
 from replicator.copier.endpoints import Endpoints
-from replicator.copier.ordered import OrderedCopier
-from replicator.copier.scaled import GroupState, ScaledWorker
 from replicator.observe.metrics import Metrics, WorkerMetrics
 from replicator.observe.monitor import MonitorServer
-from replicator.sampling.election import LeaderElection
 from replicator.service.sampling_plane import SamplingPlane
 from replicator.transport.connections import ConnectError, connect, material_for
 from replicator.transport.streams import StreamSetupError, ensure_target_stream, find_source_stream
 from replicator.transport.tasks import cancel_and_wait
+
+if TYPE_CHECKING:  # each mode's loop is imported when a profile runs in that mode
+    from replicator.copier.ordered import OrderedCopier
+    from replicator.copier.scaled import ScaledWorker
+    from replicator.sampling.election import LeaderElection
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -210,6 +212,8 @@ class Replicator:
         TTL later and must find no old leader still publishing. What was in flight either landed
         (and the new leader resumes after it) or fails the new leader's chain check.
         """
+        from replicator.copier.ordered import OrderedCopier
+
         assert self.sampling is not None
         election = self.sampling.copy_election
         if election is None:
@@ -247,6 +251,8 @@ class Replicator:
             task.cancel()
 
     async def _run_scaled(self, metrics: list[WorkerMetrics], source_stream: str, target_stream: str) -> None:
+        from replicator.copier.scaled import GroupState, ScaledWorker
+
         group = GroupState()  # the group's durable: created by one worker at a time, its floor read by one
         self.loops = [
             ScaledWorker(self._endpoints(w, m, source_stream, target_stream), stopper=self.stopper, group=group)

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nats.aio.client import Client
 
@@ -19,12 +20,12 @@ from replicator.config.model import Profile
 from replicator.copier.control import Stopper
 from replicator.copier.endpoints import Decider
 from replicator.observe.metrics import WorkerMetrics
-from replicator.sampling.advisories import Advisor
-from replicator.sampling.election import LeaderElection, election_bucket, election_key
-from replicator.sampling.limiter import Limiter
-from replicator.sampling.state import open_store
-from replicator.sampling.state.protocol import StateStore
 from replicator.transport.connections import connect
+
+if TYPE_CHECKING:  # the sampling plane's parts are imported by the profiles that use them
+    from replicator.sampling.advisories import Advisor
+    from replicator.sampling.election import LeaderElection
+    from replicator.sampling.state.protocol import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +57,20 @@ class SamplingPlane:
                                       stopping=lambda: stopper.stopping)
         js = plane.control.jetstream()
         if settings.sampling:
+            from replicator.sampling.state import open_store
+
             plane.store = await open_store(profile, js, metrics[0])
         if settings.advisory:
+            from replicator.sampling.advisories import Advisor
+
             publish_nc = plane.control if settings.advisory.cluster == "source" else target
             replicator = profile.replicator if settings.advisory.format == "v2" else profile.metrics_name
             plane.advisor = Advisor(profile, plane.store, publish_nc, metrics[0],  # type: ignore[arg-type]
                                     replicator_name=replicator)
             await plane.advisor.start()
         if elect:
+            from replicator.sampling.election import LeaderElection, election_bucket, election_key
+
             identity = f"{socket.gethostname()}:{os.getpid()}:{profile.instance or '-'}"
             role = "" if settings.leader_election else "advisor"
             bucket = settings.leader_election_bucket or election_bucket(settings.leader_election_ttl)
@@ -80,6 +87,8 @@ class SamplingPlane:
     def limiter_for(self, metrics: WorkerMetrics) -> Decider | None:
         if self.store is None:
             return None
+        from replicator.sampling.limiter import Limiter
+
         return Limiter(self.profile.settings, self.store, metrics)
 
     async def close(self) -> None:

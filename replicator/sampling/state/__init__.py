@@ -24,14 +24,12 @@ from typing import TYPE_CHECKING
 
 from replicator.config.model import Profile
 from replicator.observe.metrics import WorkerMetrics
-from replicator.sampling.state.file import FileStore
-from replicator.sampling.state.kv import KVStore
-from replicator.sampling.state.memory import MemoryStore
 from replicator.sampling.state.protocol import StateStore
-from replicator.sampling.state.records import limiter_bucket
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the stores are imported by the topics that keep state (the package holds the limiter's types)
     from nats.js import JetStreamContext
+
+    from replicator.sampling.state.memory import MemoryStore
 
 
 async def open_store(
@@ -42,11 +40,18 @@ async def open_store(
     clock: Callable[[], float] = time.time,
 ) -> StateStore:
     """The topic's store, started (file loaded, KV watched): one per process, shared by all workers."""
+    from replicator.sampling.state.memory import MemoryStore
+
     settings = profile.settings
     store: MemoryStore
     if settings.limiter_state == "file":
+        from replicator.sampling.state.file import FileStore
+
         store = FileStore(profile.state_file(), settings, metrics, clock=clock)
     elif settings.limiter_state == "kv":
+        from replicator.sampling.state.kv import KVStore
+        from replicator.sampling.state.records import limiter_bucket
+
         store = KVStore(source_js, limiter_bucket(profile), settings, metrics, clock=clock)
     else:
         store = MemoryStore(settings, metrics, clock=clock)
