@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("bench.dataplane", "bench.sampling", "bench.limiter_memory", "bench.fleet_health",
-           "bench.operator_reconcile", "bench.native_engine")
+BENCHES = ("bench.dataplane", "bench.latency", "bench.memory", "bench.sampling", "bench.cold_start",
+           "bench.limiter_memory", "bench.fleet_health", "bench.operator_reconcile", "bench.native_engine")
 
 
 def main() -> int:
