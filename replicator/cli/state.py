@@ -22,7 +22,7 @@ from replicator.config.errors import ConfigError
 from replicator.config.files import load_profile
 from replicator.config.model import Profile
 from replicator.sampling.state.file import load_state_file
-from replicator.sampling.state.kv import read_kv_state
+from replicator.sampling.state.kv_bucket import read_kv_state
 from replicator.sampling.state.records import Sender, limiter_bucket
 
 

@@ -5,6 +5,7 @@ decisions every loop shares: first-start position, max_age and sampling verdicts
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,6 +35,7 @@ class Decider(Protocol):
     the shared store; `flush` publishes its counts, once per batch."""
 
     def for_deliveries(self) -> Verdict: ...
+    def claim_ahead(self, deliveries: deque[RawMsg], most: int, oldest_ns: int = 0) -> None: ...
     async def settle(self, pending: Pending) -> bool: ...
     def flush(self) -> None: ...
 
@@ -58,8 +60,16 @@ def verdict_for(ep: Endpoints) -> Verdict:
     return verdict
 
 
-async def settle(ep: Endpoints, pending: Pending) -> bool:
+CLAIM_AHEAD = 512  # deliveries whose sampling claims start while the copy loop waits for one (KV state)
+
+
+async def settle(ep: Endpoints, pending: Pending, behind: deque[RawMsg] | None = None) -> bool:
+    """The store's decision on `pending`; the claims of the deliveries `behind` it start first,
+    so that they travel to the KV together (`Limiter.claim_ahead`)."""
     assert ep.limiter is not None
+    if behind:
+        max_age = ep.profile.settings.max_age
+        ep.limiter.claim_ahead(behind, CLAIM_AHEAD, int((time.time() - max_age) * 1e9) if max_age else 0)
     return await ep.limiter.settle(pending)
 
 

@@ -299,7 +299,7 @@ class OrderedCopier:
 
     async def _admit_settled(self, msg: RawMsg, tokens: list[str], seq: int, pending: Pending) -> bool:
         """A sampling decision the shared store settles (KV: races between processes)."""
-        if await settle(self.ep, pending):
+        if await settle(self.ep, pending, self.puller.buffer if self.puller is not None else None):
             placed = self._place(msg, tokens, seq)
             return placed if isinstance(placed, bool) else await placed
         return self._skip(seq, msg.reply)

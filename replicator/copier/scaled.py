@@ -217,7 +217,7 @@ class ScaledWorker:
                     msg = puller.buffer.popleft()
                     received += 1
                     received_bytes += len(msg.data)
-                    await self._admit(msg, out, items)
+                    await self._admit(msg, out, items, puller.buffer)
                 if not self.bound:  # the source stream's identity is unknown: what came is dropped
                     puller.reset()
                 if items:
@@ -269,9 +269,11 @@ class ScaledWorker:
         if self.stuck.since:
             await self.stuck.settled_upto(floor)
 
-    async def _admit(self, msg: RawMsg, out: list[tuple[str, bytes | None, bytes]], items: list[InFlight]) -> None:
+    async def _admit(self, msg: RawMsg, out: list[tuple[str, bytes | None, bytes]], items: list[InFlight],
+                     behind: deque[RawMsg]) -> None:
         """Decide on one delivery: skipped ones are acked at once, copies join `out` (and `items`)
-        to be published together."""
+        to be published together. `behind`: the deliveries after it, whose sampling claims may
+        start while this one waits for its own."""
         ep = self.ep
         tokens = ack_tokens(msg.reply)
         cseq = int(tokens[ACK_CONSUMER_SEQ])
@@ -284,7 +286,7 @@ class ScaledWorker:
         self.lag, self.last_seq = tokens[ACK_PENDING], seq
         copy = self.verdict(msg, tokens, seq)
         if isinstance(copy, Pending):
-            copy = await settle(ep, copy)
+            copy = await settle(ep, copy, behind)
         if not copy:
             await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return

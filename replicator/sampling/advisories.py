@@ -32,6 +32,9 @@ from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.keys import key_spec
 from replicator.sampling.state.protocol import StateStore
 from replicator.sampling.state.records import ANNOUNCED, Sender, scan_interval
+from replicator.transport.grouped import GroupedPublisher
+from replicator.transport.header_block import encode as encode_headers
+from replicator.transport.jetstream import PublishError
 from replicator.transport.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,9 @@ V2_PROTOCOL = "io.choria.sr.v2.age_advisory"
 EVENTS = ("new", "timeout", "recover", "expire")
 RETRIES = 10
 STREAM_RECHECK = 30.0
+PUBLISH_TIMEOUT = 2.0
+CONCURRENCY = 64  # advisories in flight: a fleet's cold start owes one `new` per sender, each a publish and a
+# KV mark, so eight at a time (two round trips each) left them a minute behind 100,000 copies
 
 
 @cache
@@ -135,7 +141,7 @@ class Advisor:
         clock: Callable[[], float] = time.time,
         retries: int = RETRIES,
         retry_delay: Callable[[int], float] = default_retry_delay,
-        concurrency: int = 8,
+        concurrency: int = CONCURRENCY,
     ) -> None:
         settings = profile.settings
         if settings.advisory is None or not settings.age:
@@ -170,9 +176,13 @@ class Advisor:
         self.errors_by_event = dict.fromkeys(EVENTS, 0)
         # Published but not yet marked in the store (e.g. the KV is down): not published again.
         self._unmarked: dict[str, str] = {}
+        # JetStream publishes of the workers' advisories, written together each turn of the loop.
+        self._grouped: GroupedPublisher | None = None
 
     # -- life cycle and leadership
     async def start(self) -> None:
+        self._grouped = GroupedPublisher(self.nc, PUBLISH_TIMEOUT)
+        await self._grouped.start()
         self.store.add_listener(self._poke)
         self._tasks.append(asyncio.create_task(self._scanner(), name="advisor-scan"))
         for n in range(self.concurrency):
@@ -182,6 +192,8 @@ class Advisor:
         self._active = False
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
+        if self._grouped is not None:
+            await self._grouped.stop()
 
     @property
     def active(self) -> bool:
@@ -348,12 +360,13 @@ class Advisor:
             try:
                 jetstream = self.reliable or (self.reliable is None and await self._capturing_stream(subject))
                 if jetstream:
-                    await self.js.publish(subject, data, headers=headers, timeout=2.0)
+                    assert self._grouped is not None
+                    await self._grouped.publish(subject, encode_headers(headers), data)
                 else:
                     await self.nc.publish(subject, data, headers=headers)
                     await self.nc.flush(timeout=2)
                 return True
-            except (nats.errors.Error, nats.js.errors.Error, TimeoutError, OSError) as err:
+            except (nats.errors.Error, nats.js.errors.Error, PublishError, TimeoutError, OSError) as err:
                 error = err
                 self._streams.pop(subject, None)
             if attempt < retries:

@@ -8,9 +8,11 @@ whose sender cannot be found is copied and counted: sampling must never lose dat
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +26,7 @@ from replicator.sampling.keys import identifier, scalar_key, top_level_field, to
 from replicator.sampling.state.protocol import StateStore
 from replicator.sampling.state.records import Sender
 from replicator.transport.header_block import encode as encode_headers
-from replicator.transport.wire import RawMsg
+from replicator.transport.wire import ACK_STREAM_SEQ, ACK_TIMESTAMP, RawMsg, ack_tokens
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +112,8 @@ class Limiter:
         # Only the shared KV store needs `settle` to claim a copy. Keyless messages are copied (and
         # counted).
         self.fused = self._table_check()
+        self.ahead_last: RawMsg | None = None  # the last delivery `claim_ahead` looked at
+        self.ahead_at = 0  # and its index in the deliveries then
         self.check: Check = self.check_general if self.fused is None else self._check_fused
 
     def _check_fused(self, subject: str, headers: Mapping[str, str] | None, payload: bytes,
@@ -260,15 +264,69 @@ class Limiter:
 
         return check
 
-    async def settle(self, pending: Pending) -> bool:
-        """Ask the store, which settles races between workers (and, on KV, between processes)."""
-        key, now, size, forced, seq = pending.key, pending.now, pending.size, pending.forced, pending.seq
+    def claim_ahead(self, deliveries: deque[RawMsg], most: int, oldest_ns: int = 0) -> None:
+        """For a store that claims copies across processes (KV): start deciding the first `most`
+        `deliveries` that will need the store (a new sender, or one due), in their order, while
+        the copy loop waits for the delivery ahead of them. A cold start (every sender new) then
+        pays a round trip to the KV per group of claims, not per sender. Nothing is counted or
+        announced here: each delivery's own `settle` does that when its turn comes. Deliveries
+        sent before `oldest_ns` (max_age: skipped unseen) are left alone. A call goes on from the
+        last delivery the previous one looked at, while that is still waiting in `deliveries`."""
+        store = self.store
+        if store.local:
+            return
+        start = self._looked_ahead(deliveries)
+        if start >= most // 2:
+            return  # enough claims on their way: look again when half of them are taken
+        now = self.clock()
+        for msg in itertools.islice(deliveries, start, most):
+            self.ahead_last = msg
+            self.ahead_at = start
+            start += 1
+            reply = msg.reply
+            if not reply:
+                continue
+            tokens = ack_tokens(reply)
+            seq = int(tokens[ACK_STREAM_SEQ])
+            if store.claiming_ahead(seq) or (oldest_ns and int(tokens[ACK_TIMESTAMP]) < oldest_ns):
+                continue
+            try:
+                key, forced = self.identify(msg.subject, msg.headers if self.wants_headers else None, msg.data)
+            except Exception:  # its own check logs it, in its turn
+                continue
+            if key is None:
+                continue
+            size = len(msg.data)
+            i = store.live_slot(key, now)
+            if i is not None and not forced and not (seq and store.table.src[i] == seq) and not self.due(
+                    key, store.table.copied[i], store.table.size[i], now, size):
+                continue  # a skip, decided at once in its turn
+            store.claim_ahead(key, now, size, self._rule(key, now, size, forced, seq), seq)
 
+    def _looked_ahead(self, deliveries: deque[RawMsg]) -> int:
+        """How many deliveries at the front of `deliveries` the last `claim_ahead` looked at: where
+        its last one is now, searched back from where it was (the copy loop takes from the front)."""
+        last = self.ahead_last
+        if last is None:
+            return 0
+        at = min(self.ahead_at, len(deliveries) - 1)
+        while at >= 0 and deliveries[at] is not last:
+            at -= 1
+        if at < 0:  # taken already: look from the front again
+            self.ahead_last = None
+        return at + 1
+
+    def _rule(self, key: str, now: float, size: int, forced: bool, seq: int) -> Callable[[Sender | None], bool]:
         def decide(sender: Sender | None) -> bool:
             return self.decide(key, sender, now, size, forced, seq)
 
+        return decide
+
+    async def settle(self, pending: Pending) -> bool:
+        """Ask the store, which settles races between workers (and, on KV, between processes)."""
+        key, now, size, forced, seq = pending.key, pending.now, pending.size, pending.forced, pending.seq
         try:
-            result = await self.store.observe(key, now, size, decide, seq)
+            result = await self.store.observe(key, now, size, self._rule(key, now, size, forced, seq), seq)
         except Exception:  # stores fail open themselves; this is the last line of defence
             log.exception("limiter state store failed for %r: copying", key)
             self.metrics.limiter_state_errors.inc()

@@ -24,7 +24,7 @@ from tests.copier.helpers import (
     wait_for_count,
     write_config,
 )
-from tests.support.faults import acked_upto
+from tests.support.faults import acked_upto, wait_acked
 
 
 async def publish_rounds(nc, senders: int, rounds: int, pause: float = 0.0, start: int = 0) -> int:
@@ -188,3 +188,51 @@ async def test_leader_failover_under_load_loses_and_duplicates_nothing(tmp_path,
             if proc.poll() is None:
                 assert stop(proc) == 0
     assert indices(await read_all(target_nc, "FLEET")) == list(range(20_000))
+
+
+async def test_ordered_kv_sampling_claims_ahead_and_still_copies_each_sender_s_first_message(
+        source_server, target_server, source_nc, target_nc):
+    """A backlog of new senders on KV state: the claims of the deliveries behind a new sender go
+    out together, yet each sender is copied once, by its first message, in the stream's order,
+    and every decision is counted once."""
+    await make_stream(source_nc)
+    await publish_rounds(source_nc, 1500, 3)
+    profile = profile_for(topic_config(source_server.url, target_server.url, inspect="sender", age="1h",
+                                       limiter_state="kv"))
+    async with InProcess(profile) as replicator:
+        assert await wait_for_count(target_nc, "FLEET", 1500) == 1500
+        assert await wait_acked(source_nc, "FLEET", "sr", 4500, 30) is not None
+        reg = replicator.metrics.registry
+        labels = {"name": "sr", "worker": "sr_0"}
+        assert reg.get_sample_value("stream_replicator_limiter_memory_passed_total", labels) == 1500
+        assert reg.get_sample_value("stream_replicator_limiter_memory_skipped_total", labels) == 3000
+    msgs = await read_all(target_nc, "FLEET")
+    assert [json.loads(m.data)["i"] for m in msgs] == list(range(1500))  # round 0, in order
+    assert source_seqs(msgs) == list(range(1, 1501))
+
+
+@pytest.mark.slow
+async def test_two_processes_claiming_a_cold_backlog_together_copy_each_sender_once(
+        tmp_path, source_server, target_server, source_nc, target_nc):
+    """Cold start across two pods on KV state: a preloaded backlog of new senders, each seen three
+    times; claims go out in groups from both pods at once; each sender is copied exactly once,
+    and its `new` advisory published exactly once."""
+    await make_stream(source_nc)
+    await target_nc.jetstream().add_stream(name="ADV", subjects=["sr.adv.>"])
+    total = await publish_rounds(source_nc, 3000, 3)
+    config = write_config(tmp_path / "sr.yaml", topic_config(
+        source_server.url, target_server.url, name=None, workers=2, queue_group="fleet_grp",
+        inspect="sender", age="1h", limiter_state="kv", advisory={"target": "sr.adv.fleet"}))
+    procs = [spawn(config, instance=f"pod{i}", log_path=tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        assert await wait_acked(source_nc, "FLEET", "fleet_grp", total, 90) is not None
+        assert await wait_for_count(target_nc, "ADV", 3000, timeout=60) >= 3000
+        await asyncio.sleep(1.0)  # anything extra would show up now
+    finally:
+        for proc in procs:
+            assert stop(proc) == 0
+    senders = Counter(json.loads(m.data)["sender"] for m in await read_all(target_nc, "FLEET"))
+    assert len(senders) == 3000 and max(senders.values()) == 1, senders.most_common(3)
+    advised = Counter(json.loads(m.data)["value"] for m in await read_all(target_nc, "ADV"))
+    assert len(advised) == 3000 and max(advised.values()) == 1, advised.most_common(3)
+    assert {json.loads(m.data)["event"] for m in await read_all(target_nc, "ADV")} == {"new"}

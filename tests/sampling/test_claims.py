@@ -14,7 +14,8 @@ from replicator.config.model import TopicConfig
 from replicator.sampling.limiter import Limiter
 from replicator.sampling.state import open_store
 from replicator.sampling.state.file import FILE_FORMAT, FileStore
-from replicator.sampling.state.kv import KVStore, read_kv_state
+from replicator.sampling.state.kv import KVStore
+from replicator.sampling.state.kv_bucket import read_kv_state
 from replicator.sampling.state.memory import MemoryStore
 from replicator.sampling.state.protocol import StateStore
 from tests.sampling.helpers import FakeClock, body, make_profile, value, worker_metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from array import array
@@ -13,16 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.js import api
 
 from replicator.config.model import TopicConfig
 from replicator.observe.metrics import WorkerMetrics
+from replicator.sampling.state.kv_bucket import DELETE_OPS, ensure_bucket
 from replicator.sampling.state.memory import MemoryStore
 from replicator.sampling.state.protocol import Decide, Observation
 from replicator.sampling.state.records import PERSISTED, Sender, decode_key, decode_sender, encode_key, encode_sender
 from replicator.sampling.state.table import SenderTable
-from replicator.transport.jetstream import nothing_sent
-from replicator.transport.kv import EXPECT_LAST, WRONG_LAST_SEQUENCE, find_or_create_bucket
+from replicator.transport.grouped import GroupedPublisher
+from replicator.transport.header_block import encode as encode_headers
+from replicator.transport.jetstream import PublishError, nothing_sent
+from replicator.transport.kv import EXPECT_LAST, WRONG_LAST_SEQUENCE
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -34,7 +39,7 @@ log = logging.getLogger(__name__)
 _LOCAL_NEWER = 0x40  # kv cache only: this process saw the sender after the KV's last-seen time
 _DIRTY = 0x80  # kv cache only: a copy decided here while the KV was unreachable, not written yet
 KV_OP_TIMEOUT = 2.0
-_DELETE_OPS = ("DEL", "PURGE")
+AHEAD_MAX = 4096  # claims started ahead of their message's turn (`claim_ahead`), done or not
 
 
 # ---------------------------------------------------------------- KV store
@@ -42,16 +47,6 @@ _DELETE_OPS = ("DEL", "PURGE")
 
 class _WrongRevision(Exception):
     """Someone else wrote the key since we read it: reload and decide again."""
-
-
-async def ensure_bucket(js: JetStreamContext, bucket: str, *, ttl: float, description: str) -> api.StreamInfo:
-    """Find or create the limiter bucket; an existing one that forgets senders too soon is raised to `ttl`."""
-    info, existed = await find_or_create_bucket(js, bucket, ttl=ttl, description=description)
-    if existed and info.config.max_age and info.config.max_age < ttl:
-        log.warning("KV bucket %s keeps entries %ss, raising to %ss", bucket, info.config.max_age, ttl)
-        info.config.max_age = ttl
-        info = await js.update_stream(info.config)
-    return info
 
 
 class KVStore(MemoryStore):
@@ -96,6 +91,10 @@ class KVStore(MemoryStore):
         self._last_seq = 0
         self._loaded = asyncio.Event()
         self._claims: dict[str, asyncio.Future[None]] = {}
+        # Claims started ahead of their message's turn, by the message's source sequence: the
+        # message's own `observe` takes the result instead of claiming again.
+        self._ahead: dict[int, asyncio.Future[Observation]] = {}
+        self._writes: GroupedPublisher | None = None
         self._dirty: set[str] = set()
         self._urgent: set[str] = set()
         self._wake = asyncio.Event()
@@ -114,6 +113,10 @@ class KVStore(MemoryStore):
                 log.warning("KV state %s still loading after %ss: continuing", self.bucket, self.load_timeout)
 
     async def _connect(self) -> None:
+        nc = getattr(self.js, "_nc", None)
+        if self._writes is None and nc is not None:
+            self._writes = GroupedPublisher(nc, self.op_timeout)
+            await self._writes.start()
         await self._ensure_bucket()
         await self._watch(None)
         self._connected_once = True
@@ -139,6 +142,11 @@ class KVStore(MemoryStore):
             except Exception as err:
                 log.warning("KV state: %d local decisions not written back on close: %s", len(pending), err)
         await self._unwatch()
+        for ahead in self._ahead.values():
+            ahead.cancel()
+        self._ahead.clear()
+        if self._writes is not None:
+            await self._writes.stop()
 
     @property
     def loaded(self) -> bool:
@@ -184,11 +192,11 @@ class KVStore(MemoryStore):
             self._last_seq = max(self._last_seq, seq)
             key = decode_key(msg.subject[len(self.prefix) :])
             headers = msg.headers or {}
-            if headers.get("KV-Operation") in _DELETE_OPS or "Nats-Marker-Reason" in headers:
+            if headers.get("KV-Operation") in DELETE_OPS or "Nats-Marker-Reason" in headers:
                 i = self.table.slot(key)
                 if i is not None and seq > self.rev[i]:
                     self._drop(key)
-            else:
+            elif (i := self.table.slot(key)) is None or seq > self.rev[i]:  # not our own write coming back
                 self._apply_remote(key, decode_sender(msg.data), seq)
             if meta.num_pending == 0:
                 self._loaded.set()
@@ -266,7 +274,19 @@ class KVStore(MemoryStore):
         return int(ack.seq)
 
     async def _write(self, key: str, sender: Sender, last: int) -> int:
-        return await self._publish(key, encode_sender(sender), {EXPECT_LAST: str(last)})
+        """Compare-and-set `key` to `sender` if its revision is still `last`: written with every
+        other write of this turn of the loop, each checked on its own (`GroupedPublisher`)."""
+        if self._writes is None:
+            return await self._publish(key, encode_sender(sender), {EXPECT_LAST: str(last)})
+        self._check_connected()
+        cas = encode_headers({EXPECT_LAST: str(last)})
+        try:
+            pub_ack = await self._writes.publish(self.prefix + encode_key(key), cas, encode_sender(sender))
+        except PublishError as err:
+            if err.code in WRONG_LAST_SEQUENCE:
+                raise _WrongRevision from err
+            raise
+        return int(orjson.loads(pub_ack)["seq"])
 
     async def _fetch(self, key: str) -> tuple[Sender | None, int]:
         """The KV's current entry merged into the cache, and the revision to compare against."""
@@ -280,7 +300,7 @@ class KVStore(MemoryStore):
             return self._tombstone(key, 0)
         headers = msg.headers or {}
         seq = int(msg.seq or 0)
-        if headers.get("KV-Operation") in _DELETE_OPS or "Nats-Marker-Reason" in headers:
+        if headers.get("KV-Operation") in DELETE_OPS or "Nats-Marker-Reason" in headers:
             return self._tombstone(key, seq)
         self._apply_remote(key, decode_sender(msg.data), seq)
         return self._cached(key)
@@ -322,7 +342,30 @@ class KVStore(MemoryStore):
         self.table.flags[i] |= _DIRTY
         self._dirty.add(key)
 
+    def claim_ahead(self, key: str, now: float, size: int, decide: Decide, src: int) -> None:
+        """Start deciding (and claiming) message `src` now, before its turn: a copy loop that meets
+        a new sender looks at the deliveries behind it, so their claims travel together instead of
+        a round trip each (`Limiter.claim_ahead`). Its `observe` then takes this result. Claims
+        still go in the order of the messages, so a sender's first message is the one copied."""
+        if not src or src in self._ahead or key in self._claims or self.degraded:
+            return
+        if len(self._ahead) >= AHEAD_MAX:
+            for seq in [seq for seq, ahead in itertools.islice(self._ahead.items(), AHEAD_MAX // 4) if ahead.done()]:
+                del self._ahead[seq]  # never taken: its message went to another worker or was not admitted
+            if len(self._ahead) >= AHEAD_MAX:
+                return
+        self._ahead[src] = asyncio.ensure_future(self._observe(key, now, size, decide, src))
+
+    def claiming_ahead(self, src: int) -> bool:
+        return src in self._ahead
+
     async def observe(self, key: str, now: float, size: int, decide: Decide, src: int = 0) -> Observation:
+        ahead = self._ahead.pop(src, None) if src else None
+        if ahead is not None:
+            return await ahead
+        return await self._observe(key, now, size, decide, src)
+
+    async def _observe(self, key: str, now: float, size: int, decide: Decide, src: int) -> Observation:
         while (claim := self._claims.get(key)) is not None:
             await asyncio.shield(claim)  # another worker here is claiming this sender: use its result
         current, rev = self._cached(key)
@@ -550,35 +593,3 @@ class KVStore(MemoryStore):
             return False
         self._drop(key)
         return True
-
-
-async def read_kv_state(js: JetStreamContext, bucket: str, *, wait: float = 30.0) -> dict[str, Sender]:
-    """Every sender in a topic's bucket (for the `state` command): one pass of an ordered consumer."""
-    out: dict[str, Sender] = {}
-    done = asyncio.Event()
-    prefix = f"$KV.{bucket}."
-
-    async def on_msg(msg: Msg) -> None:
-        headers = msg.headers or {}
-        key = decode_key(msg.subject[len(prefix) :])
-        if headers.get("KV-Operation") in _DELETE_OPS or "Nats-Marker-Reason" in headers:
-            out.pop(key, None)
-        else:
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                out[key] = decode_sender(msg.data)
-        if msg.metadata.num_pending == 0:
-            done.set()
-
-    sub = await js.subscribe(
-        prefix + ">",
-        stream=f"KV_{bucket}",
-        cb=on_msg,
-        ordered_consumer=True,
-        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT),
-    )
-    try:
-        if not nothing_sent(await sub.consumer_info()):
-            await asyncio.wait_for(done.wait(), wait)
-    finally:
-        await sub.unsubscribe()
-    return out

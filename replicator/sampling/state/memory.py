@@ -137,6 +137,12 @@ class MemoryStore:
         t.src[i] = src
         self.touch(key, i, now)
 
+    def claim_ahead(self, key: str, now: float, size: int, decide: Decide, src: int) -> None:
+        """Nothing to claim ahead: this process alone decides, at once (see `KVStore`)."""
+
+    def claiming_ahead(self, src: int) -> bool:
+        return False
+
     async def observe(self, key: str, now: float, size: int, decide: Decide, src: int = 0) -> Observation:
         """Record a message from `key` (source sequence `src`) and apply `decide`; atomic per
         sender (no await inside)."""

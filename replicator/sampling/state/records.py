@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import base64
-import json
 import re
 from dataclasses import dataclass
+
+import orjson
 
 from replicator.config.model import Profile, TopicConfig
 
@@ -84,7 +85,7 @@ def decode_key(key: str) -> str:
 
 
 def encode_sender(sender: Sender) -> bytes:
-    return json.dumps(
+    return orjson.dumps(
         {
             "first": round(sender.first, 3),
             "seen": round(sender.seen, 3),
@@ -94,13 +95,12 @@ def encode_sender(sender: Sender) -> bytes:
             "flags": sender.flags & PERSISTED,
             "src": sender.src,
         },
-        separators=(",", ":"),
-    ).encode()
+    )
 
 
 def decode_sender(data: bytes | None) -> Sender:
     """Raises ValueError (or KeyError/TypeError) for a value this version did not write."""
-    doc = json.loads(data or b"")
+    doc = orjson.loads(data or b"")
     return Sender(
         first=float(doc["first"]),
         seen=float(doc["seen"]),

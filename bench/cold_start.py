@@ -1,0 +1,159 @@
+"""Cold start of a sampled fleet on shared KV state: every sender new, two pods, measured in one run.
+
+Run: `python -m bench.cold_start [--senders 100000] [--rounds 3]`. The source holds one message
+from each of `--senders` new senders. Two `stream-replicator` processes (pods) of two scaled
+workers each share one durable and, sampled, one KV bucket of limiter state, so every message is a
+first sighting that one of them must claim in the bucket before copying it; the elected pod
+publishes a `new` advisory for each. The reference is the same two pods copying the same stream
+unsampled. Printed: messages consumed per second (first acknowledgement to last), the sampled
+rate as a ratio to the unsampled one of the same round, and how long after the last copy the last
+`new` advisory was published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import StreamConfig
+
+from bench.common import connect, table, time_progress
+from replicator.demo.local_nats import LocalNatsServer
+from replicator.service.compiled import describe
+
+PODS, WORKERS = 2, 2
+
+
+@dataclass
+class Case:
+    rate: float  # source messages consumed per second
+    advisory_lag: float | None = None  # seconds from the last copy to the last `new` advisory
+
+
+async def preload_new_senders(nc: Client, senders: int) -> None:
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="FLEET", subjects=["fleet.>"]))
+    futures = []
+    for i in range(senders):
+        body = json.dumps({"sender": f"node{i:07d}.example.net", "facts": "x" * 200}).encode()
+        futures.append(await js.publish_async("fleet.registration", body))
+        if len(futures) >= 4000:
+            await asyncio.gather(*futures)
+            futures.clear()
+    await asyncio.gather(*futures)
+
+
+@contextlib.contextmanager
+def pods(work: Path, name: str, topic: dict[str, object]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    config = work / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
+    procs = [subprocess.Popen([sys.executable, "-m", "replicator", "--config", str(config), "--topic", "bench",
+                               "--instance", f"pod{i}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for i in range(PODS)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(60)
+
+
+async def one_case(source: LocalNatsServer, src: Client, senders: int, name: str, sampled: bool,
+                   work: Path) -> Case:
+    """Both pods over the whole preloaded stream into a fresh target, on their own durable (and bucket)."""
+    target = LocalNatsServer(name="target", store_dir=work / f"t-{name}").start()
+    try:
+        dst = await connect(target.url)
+        advised: list[float] = []
+
+        async def on_advisory(msg: Msg) -> None:
+            if b'"new"' in msg.data:
+                advised.append(time.monotonic())
+
+        await dst.jetstream().add_stream(StreamConfig(name="ADVISORIES", subjects=["sr.adv.>"]))
+        await dst.subscribe(f"sr.adv.{name}", cb=on_advisory)
+        topic: dict[str, object] = {"topic": "fleet.>", "source_url": source.url, "target_url": target.url,
+                                    "workers": WORKERS, "queue_group": name}
+        if sampled:
+            topic.update({"inspect": "sender", "age": "1h", "limiter_state": "kv",
+                          "advisory": {"target": f"sr.adv.{name}", "age": "30m"}})
+        js = src.jetstream()
+
+        async def acked() -> int:
+            info = await js.consumer_info("FLEET", name)
+            return info.ack_floor.stream_seq if info.ack_floor else 0
+
+        with pods(work, name, topic):
+            seconds = await time_progress(acked, senders)
+            last_copy = time.monotonic()
+            lag = None
+            if sampled:
+                async def all_advised() -> int:
+                    return len(advised)
+
+                with contextlib.suppress(TimeoutError):
+                    await time_progress(all_advised, senders, timeout=120)
+                lag = advised[-1] - last_copy if len(advised) >= senders else None
+        await dst.close()
+        return Case(senders / seconds, lag)
+    finally:
+        target.close()
+
+
+async def run(senders: int, rounds: int) -> list[tuple[Case, Case]]:
+    with tempfile.TemporaryDirectory(prefix="sr-bench-cold-") as tmp:
+        work = Path(tmp)
+        source = LocalNatsServer(name="source", store_dir=work / "source").start()
+        try:
+            src = await connect(source.url)
+            await preload_new_senders(src, senders)
+            pairs = []
+            for r in range(rounds):
+                plain = await one_case(source, src, senders, f"plain{r}", False, work)
+                sampled = await one_case(source, src, senders, f"cold{r}", True, work)
+                pairs.append((plain, sampled))
+                print(f"round {r + 1}: unsampled {plain.rate:,.0f} msgs/s, sampled cold start {sampled.rate:,.0f} "
+                      f"msgs/s ({sampled.rate / plain.rate:.2f}x), last `new` advisory "
+                      f"{'never' if sampled.advisory_lag is None else f'{sampled.advisory_lag:.1f} s'} after the "
+                      "last copy", flush=True)
+            await src.close()
+            return pairs
+        finally:
+            source.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--senders", type=int, default=100_000, help="new senders, one message each")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating unsampled/sampled pairs")
+    args = parser.parse_args(argv)
+    print(f"Cold start: {args.senders:,} new senders through {PODS} pods x {WORKERS} scaled workers on KV state, "
+          f"against the same pods unsampled ({describe()})")
+    pairs = asyncio.run(run(args.senders, args.rounds))
+    ratios = [s.rate / p.rate for p, s in pairs]
+    lags = [s.advisory_lag for _p, s in pairs if s.advisory_lag is not None]
+    print(table(("case", "msgs/s (median)", "x unsampled (median)", "range", "last `new` advisory after last copy"), [
+        ("unsampled (reference)", f"{statistics.median(p.rate for p, _s in pairs):,.0f}", "1.00", "-", "-"),
+        ("sampled, every sender new (KV claims)", f"{statistics.median(s.rate for _p, s in pairs):,.0f}",
+         f"{statistics.median(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}",
+         f"{statistics.median(lags):.1f} s (max {max(lags):.1f})" if lags else "not all published"),
+    ]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
