@@ -30,7 +30,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
-from bench.common import connect, table, time_progress
+from bench.common import command_process, connect, table, time_progress
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.service.compiled import describe
 
@@ -60,16 +60,9 @@ async def preload_new_senders(nc: Client, senders: int) -> None:
 def pods(work: Path, name: str, topic: dict[str, object]) -> Iterator[list[subprocess.Popen[bytes]]]:
     config = work / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
-    procs = [subprocess.Popen([sys.executable, "-m", "replicator", "--config", str(config), "--topic", "bench",
-                               "--instance", f"pod{i}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for i in range(PODS)]
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(60)
+    with contextlib.ExitStack() as running:
+        yield [running.enter_context(command_process(["--config", str(config), "--topic", "bench",
+                                                      "--instance", f"pod{i}"])) for i in range(PODS)]
 
 
 async def one_case(source: LocalNatsServer, src: Client, senders: int, name: str, sampled: bool,

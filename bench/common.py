@@ -77,17 +77,24 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def replicator_process(workdir: Path, label: str, topic: dict[str, Any]) -> Iterator[subprocess.Popen[bytes]]:
-    """The real `stream-replicator` command as a child process, with `topic` as profile `bench`."""
-    config = workdir / f"{label}.yaml"
-    config.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
-    proc = subprocess.Popen([sys.executable, "-m", "replicator", "--config", str(config), "--topic", "bench"],
+def command_process(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """The real `stream-replicator ARGS` command line as a child process, stopped with SIGTERM."""
+    proc = subprocess.Popen([sys.executable, "-m", "replicator", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield proc
     finally:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(60)
+
+
+@contextlib.contextmanager
+def replicator_process(workdir: Path, label: str, topic: dict[str, Any]) -> Iterator[subprocess.Popen[bytes]]:
+    """The real `stream-replicator` command as a child process, with `topic` as profile `bench`."""
+    config = workdir / f"{label}.yaml"
+    config.write_text(yaml.safe_dump({"topics": {"bench": topic}}))
+    with command_process(["--config", str(config), "--topic", "bench"]) as proc:
+        yield proc
 
 
 @contextlib.contextmanager

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import yaml
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
-from bench.common import connect, table
+from bench.common import command_process, connect, table
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from replicator.service.compiled import describe
 
@@ -61,17 +59,6 @@ def footprint(pid: int) -> tuple[int, int]:
 
 def topic(i: int, source: str, target: str, port: int) -> dict[str, object]:
     return {"topic": f"pool{i}.>", "source_url": source, "target_url": target, "name": f"pool{i}", "monitor": port}
-
-
-@contextlib.contextmanager
-def worker(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-m", "replicator", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def readyz(port: int) -> dict[str, object] | None:
@@ -122,7 +109,7 @@ async def measure(work: Path, label: str, count: int, per_replication: int, sour
     config.write_text(yaml.safe_dump({"topics": {f"p{i}": topic(i, source.url, target.url, port)
                                                  for i in range(count)}}))
     args = ["--config", str(config), "--topic", "p0"] if count == 1 else ["replicate", "--config", str(config)]
-    with worker(args) as proc:
+    with command_process(args) as proc:
         await wait_ready(port, proc)
         if per_replication:
             await traffic(src, dst, count, per_replication)
