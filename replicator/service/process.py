@@ -71,6 +71,7 @@ class ReplicatorProcess:
         self.watch = ConfigWatch(watch) if watch is not None and loader is not None else None
         self.running: dict[str, Replicator] = {p.profile: self._replicator(p) for p in profiles}
         self.tasks: dict[str, asyncio.Future[None]] = {}
+        self.retiring: set[asyncio.Future[None]] = set()  # profiles a reload is stopping
         self.monitors: dict[int, MonitorServer] = {}
         self.go_metrics: GoMetrics | None = None
         self.heartbeats: Heartbeats | None = None
@@ -173,7 +174,8 @@ class ReplicatorProcess:
                 with contextlib.suppress(BaseException):
                     await watcher
             self.stop()
-            results = await asyncio.gather(*self.tasks.values(), *self._heartbeat_tasks(), return_exceptions=True)
+            results = await asyncio.gather(*self.tasks.values(), *self.retiring, *self._heartbeat_tasks(),
+                                           return_exceptions=True)
             for monitor in self.monitors.values():
                 with contextlib.suppress(Exception):
                     await monitor.stop()
@@ -275,8 +277,10 @@ class ReplicatorProcess:
         for name, _replicator, task in stopping:
             if task is None:
                 continue
+            self.retiring.add(task)  # a stop of the process meanwhile still waits for its clean end
+            task.add_done_callback(self.retiring.discard)
             try:
-                await task
+                await asyncio.shield(task)
             except Exception as err:
                 log.warning("%s stopped with an error: %s", name, err)
             log.info("%s stopped for the reload", name)
