@@ -314,6 +314,7 @@ class Limiter:
             at -= 1
         if at < 0:  # taken already: look from the front again
             self.ahead_last = None
+        self.ahead_at = max(at, 0)  # the next search starts where it is now
         return at + 1
 
     def _rule(self, key: str, now: float, size: int, forced: bool, seq: int) -> Callable[[Sender | None], bool]:
