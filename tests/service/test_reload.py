@@ -15,7 +15,7 @@ from replicator.config.model import Config
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from replicator.service.process import ReplicatorProcess
 from replicator.service.reload import ConfigWatch, plan
-from tests.copier.helpers import make_stream, publish_many
+from tests.copier.helpers import indices, make_stream, publish_many, read_all
 from tests.support.faults import metric, scrape, wait_count, wait_metric
 
 
@@ -99,3 +99,39 @@ async def test_a_file_that_does_not_load_leaves_every_copy_running(
     finally:
         process.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_a_stop_during_a_reload_still_lets_the_removed_profile_finish_cleanly(
+        tmp_path: Path, source_server: LocalNatsServer, target_server: LocalNatsServer, source_nc: Client,
+        target_nc: Client) -> None:
+    for name in ("A", "B"):
+        await make_stream(source_nc, name, [f"{name.lower()}.>"])
+    path = tmp_path / "sr.yaml"
+
+    def pool(names: list[str]) -> dict[str, Any]:
+        return {"topics": {n: {**topic(n), "source_url": source_server.url, "target_url": target_server.url,
+                               "name": f"sr_{n}"} for n in names}}
+
+    path.write_text(yaml.safe_dump(pool(["a", "b"])))
+
+    def load() -> tuple[Config, list[Profile]]:
+        config = load_config(path)
+        return config, [Profile(config, name, source=str(path)) for name in config.topics]
+
+    config, first = load()
+    process = ReplicatorProcess(config, first, loader=load, watch=str(path))
+    task = asyncio.ensure_future(process.run())
+    publishing = asyncio.ensure_future(publish_many(source_nc, 20_000, subject="b.n{i}"))
+    try:
+        assert await wait_count(target_nc, "B", 1000, 30) is not None
+        path.write_text(yaml.safe_dump(pool(["a"])))
+        process.reload_soon()  # the process's own watch reloads, and waits for b's clean stop ...
+        while "b" in process.running:
+            await asyncio.sleep(0)
+        process.stop()  # ... when the process is told to stop
+        await asyncio.wait_for(task, 30)
+    finally:
+        await publishing
+    upto = (await source_nc.jetstream().consumer_info("B", "sr_b")).ack_floor.stream_seq
+    copied = await read_all(target_nc, "B")
+    assert indices(copied) == list(range(upto)) and upto > 0  # what it acked, once each and in order
