@@ -9,7 +9,9 @@ With a `loader` (`replicate --reload`) the process also reloads its file when it
 SIGHUP): the profiles a new file adds start, the ones it removes stop cleanly (in-flight copies
 finished and acknowledged, as at SIGTERM), a changed one stops cleanly and starts again with its new
 settings, and every other profile keeps running untouched: its connections, consumer, window and
-counters. A file that does not load leaves everything running as it was (`reload.py`).
+counters. A file that does not load leaves everything running as it was (`reload.py`). In such a
+pool a profile failing for good (TLS, credentials) stops alone and starts again after a backoff;
+without a loader it stops the process, for a supervisor to restart.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import gc
 import logging
 import signal
 import socket
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -44,6 +47,9 @@ def site_name(config: Config, profiles: list[Profile]) -> str:
         return config.name
     return profiles[0].metrics_name if profiles else socket.gethostname()
 
+
+RETRY_FIRST = 30.0  # seconds before a pool's profile that failed for good starts again, doubling
+RETRY_MAX = 600.0
 
 COLLECT_EVERY = 50_000  # container allocations between the cyclic collector's young collections
 
@@ -72,6 +78,9 @@ class ReplicatorProcess:
         self.running: dict[str, Replicator] = {p.profile: self._replicator(p) for p in profiles}
         self.tasks: dict[str, asyncio.Future[None]] = {}
         self.retiring: set[asyncio.Future[None]] = set()  # profiles a reload is stopping
+        # With a loader (a pool): profiles that failed for good, (why, when they start again).
+        self.failed: dict[str, tuple[str, float]] = {}
+        self._retry_delay: dict[str, float] = {}
         self.monitors: dict[int, MonitorServer] = {}
         self.go_metrics: GoMetrics | None = None
         self.heartbeats: Heartbeats | None = None
@@ -117,14 +126,15 @@ class ReplicatorProcess:
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
         workers: dict[str, object] = {}
-        ready = True
+        ready = not self.failed
         for r in self.replicators:
             ok, detail = r.readiness()
             ready = ready and ok
             part = detail.get("workers")
             if isinstance(part, dict):
                 workers.update(part)
-        return ready, {"workers": workers}
+        failed = {name: why for name, (why, _retry_at) in self.failed.items()}
+        return ready, {"workers": workers, **({"failed": failed} if failed else {})}
 
     def install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -191,10 +201,33 @@ class ReplicatorProcess:
     def _ended(self, task: asyncio.Future[None]) -> None:
         if task.cancelled() or task.exception() is None:
             return
+        name = next((n for n, t in self.tasks.items() if t is task), None)
+        if self.loader is not None and name is not None and not self._stopping:
+            self._failed_alone(name, task.exception())
+            return
         if self._failure is None:
             self._failure = task.exception()
         if self._finished is not None:
             self._finished.set()
+
+    def _failed_alone(self, name: str, err: BaseException | None) -> None:
+        """A pool's profile failing for good (TLS, credentials) stops alone: the others go on, it
+        is started again after a backoff (the files may be fixed meanwhile: a Secret updated) or
+        at a reload that changes it, and `/readyz` names it until it runs."""
+        self.tasks.pop(name, None)  # its error is told here, not again when the process stops
+        delay = self._retry_delay.get(name, RETRY_FIRST)
+        self._retry_delay[name] = min(delay * 2, RETRY_MAX)
+        self.failed[name] = (str(err), time.monotonic() + delay)
+        log.error("%s stopped: %s; the other profiles go on, it starts again in %.0f s (or at a reload that "
+                  "changes it)", name, err, delay)
+
+    def _retry_failed(self) -> None:
+        now = time.monotonic()
+        for name, (_why, retry_at) in list(self.failed.items()):
+            if retry_at <= now and name in self.running and not self._stopping:
+                del self.failed[name]
+                replicator = self.running[name] = self._replicator(self.running[name].profile)
+                self._launch(name, replicator)
 
     def _heartbeat_tasks(self) -> list[asyncio.Future[None]]:
         return [self._heartbeats_task] if self._heartbeats_task is not None else []
@@ -246,6 +279,7 @@ class ReplicatorProcess:
             changed = self.watch.changed() if self.watch is not None else False
             if (asked or changed) and not self._stopping:
                 await self.reload()
+            self._retry_failed()
 
     async def reload(self) -> bool:
         """Read the config file again and apply what changed; False (everything left running as it
@@ -270,6 +304,9 @@ class ReplicatorProcess:
         """Stop what goes (all at once, each cleanly), then start what comes: a changed profile's
         new copy binds only after its old one has finished and let go of the consumer."""
         stopping = [(name, self.running.pop(name), self.tasks.pop(name, None)) for name in changes.stop]
+        for name in changes.stop:  # removed, or changed: a new start, with a fresh backoff
+            self.failed.pop(name, None)
+            self._retry_delay.pop(name, None)
         for _name, replicator, _task in stopping:
             replicator.stop()
         if heartbeats_changed:

@@ -126,7 +126,9 @@ async def test_a_stop_during_a_reload_still_lets_the_removed_profile_finish_clea
         assert await wait_count(target_nc, "B", 1000, 30) is not None
         path.write_text(yaml.safe_dump(pool(["a"])))
         process.reload_soon()  # the process's own watch reloads, and waits for b's clean stop ...
-        while "b" in process.running:
+        for _ in range(10_000):  # turns of the loop, until the reload took b out and waits for it
+            if "b" not in process.running:
+                break
             await asyncio.sleep(0)
         process.stop()  # ... when the process is told to stop
         await asyncio.wait_for(task, 30)
@@ -135,3 +137,53 @@ async def test_a_stop_during_a_reload_still_lets_the_removed_profile_finish_clea
     upto = (await source_nc.jetstream().consumer_info("B", "sr_b")).ack_floor.stream_seq
     copied = await read_all(target_nc, "B")
     assert indices(copied) == list(range(upto)) and upto > 0  # what it acked, once each and in order
+
+
+async def test_in_a_pool_a_profile_failing_for_good_stops_alone(
+        tmp_path: Path, source_server: LocalNatsServer, target_server: LocalNatsServer, source_nc: Client,
+        target_nc: Client) -> None:
+    """A replication added with unusable credentials (a damaged .creds file) fails alone: the
+    others go on copying, `/readyz` names it, and a reload without it makes the pool ready again."""
+    await make_stream(source_nc, "A", ["a.>"])
+    creds = tmp_path / "damaged.creds"
+    creds.write_text("not a creds file\n")
+    port = free_port()
+    path = tmp_path / "sr.yaml"
+
+    def pool(bad: bool) -> dict[str, Any]:
+        topics = {"a": {**topic("a", monitor=port), "source_url": source_server.url,
+                        "target_url": target_server.url, "name": "sr_a"}}
+        if bad:
+            topics["bad"] = {**topic("bad", monitor=port), "source_url": source_server.url,
+                             "target_url": target_server.url, "source_credentials": str(creds)}
+        return {"topics": topics}
+
+    path.write_text(yaml.safe_dump(pool(False)))
+
+    def load() -> tuple[Config, list[Profile]]:
+        config = load_config(path)
+        return config, [Profile(config, name, source=str(path)) for name in config.topics]
+
+    config, first = load()
+    process = ReplicatorProcess(config, first, loader=load, watch=str(path))
+    task = asyncio.ensure_future(process.run())
+    try:
+        await publish_many(source_nc, 100, subject="a.n{i}")
+        assert await wait_count(target_nc, "A", 100, 30) is not None
+        path.write_text(yaml.safe_dump(pool(True)))
+        assert await process.reload()
+        for _ in range(100):
+            if "bad" in process.failed:
+                break
+            await asyncio.sleep(0.1)
+        ready, detail = process.readiness()
+        assert not ready and "bad" in detail["failed"]  # type: ignore[operator]
+        assert not task.done()  # the pool goes on ...
+        await publish_many(source_nc, 100, start=100, subject="a.n{i}")
+        assert await wait_count(target_nc, "A", 200, 30) is not None  # ... and so does the copy
+        path.write_text(yaml.safe_dump(pool(False)))
+        assert await process.reload()
+        assert not process.failed and process.readiness()[0]
+    finally:
+        process.stop()
+        await asyncio.wait_for(task, 30)  # a clean stop: the failure was told, not raised again
