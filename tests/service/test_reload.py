@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,28 @@ def topic(name: str, **extra: Any) -> dict[str, Any]:
 def profiles(config: dict[str, Any]) -> dict[str, Profile]:
     parsed = parse_config(config, "pool.yaml")
     return {name: Profile(parsed, name, source="pool.yaml") for name in parsed.topics}
+
+
+async def start_reloading(path: Path) -> tuple[ReplicatorProcess, asyncio.Future[None]]:
+    """The process `replicate --reload` runs for the file at `path`, running."""
+
+    def load() -> tuple[Config, list[Profile]]:
+        config = load_config(path)
+        return config, [Profile(config, name, source=str(path)) for name in config.topics]
+
+    config, first = load()
+    process = ReplicatorProcess(config, first, loader=load, watch=str(path))
+    return process, asyncio.ensure_future(process.run())
+
+
+@contextlib.asynccontextmanager
+async def reloading(path: Path) -> AsyncIterator[tuple[ReplicatorProcess, asyncio.Future[None]]]:
+    process, task = await start_reloading(path)
+    try:
+        yield process, task
+    finally:
+        process.stop()
+        await asyncio.wait_for(task, 30)
 
 
 def test_only_the_profiles_that_changed_restart() -> None:
@@ -74,14 +98,7 @@ async def test_a_file_that_does_not_load_leaves_every_copy_running(
                              "target_url": target_server.url, "name": "sr_a"}}}
     path.write_text(yaml.safe_dump(good))
 
-    def load() -> tuple[Config, list[Profile]]:
-        config = load_config(path)
-        return config, [Profile(config, name, source=str(path)) for name in config.topics]
-
-    config, first = load()
-    process = ReplicatorProcess(config, first, loader=load, watch=str(path))
-    task = asyncio.ensure_future(process.run())
-    try:
+    async with reloading(path) as (process, _task):
         await publish_many(source_nc, 100, subject="a.n{i}")
         assert await wait_count(target_nc, "A", 100, 30) is not None
         replicator = process.replicators[0]
@@ -96,9 +113,6 @@ async def test_a_file_that_does_not_load_leaves_every_copy_running(
         process.reload_soon()
         assert await wait_metric(port, "stream_replicator_config_last_reload_successful", 1.0, 20)
         assert process.replicators == [replicator]
-    finally:
-        process.stop()
-        await asyncio.wait_for(task, 30)
 
 
 async def test_a_stop_during_a_reload_still_lets_the_removed_profile_finish_cleanly(
@@ -114,15 +128,9 @@ async def test_a_stop_during_a_reload_still_lets_the_removed_profile_finish_clea
 
     path.write_text(yaml.safe_dump(pool(["a", "b"])))
 
-    def load() -> tuple[Config, list[Profile]]:
-        config = load_config(path)
-        return config, [Profile(config, name, source=str(path)) for name in config.topics]
-
-    config, first = load()
-    process = ReplicatorProcess(config, first, loader=load, watch=str(path))
-    task = asyncio.ensure_future(process.run())
     publishing = asyncio.ensure_future(publish_many(source_nc, 20_000, subject="b.n{i}"))
     try:
+        process, task = await start_reloading(path)
         assert await wait_count(target_nc, "B", 1000, 30) is not None
         path.write_text(yaml.safe_dump(pool(["a"])))
         process.reload_soon()  # the process's own watch reloads, and waits for b's clean stop ...
@@ -160,14 +168,7 @@ async def test_in_a_pool_a_profile_failing_for_good_stops_alone(
 
     path.write_text(yaml.safe_dump(pool(False)))
 
-    def load() -> tuple[Config, list[Profile]]:
-        config = load_config(path)
-        return config, [Profile(config, name, source=str(path)) for name in config.topics]
-
-    config, first = load()
-    process = ReplicatorProcess(config, first, loader=load, watch=str(path))
-    task = asyncio.ensure_future(process.run())
-    try:
+    async with reloading(path) as (process, task):
         await publish_many(source_nc, 100, subject="a.n{i}")
         assert await wait_count(target_nc, "A", 100, 30) is not None
         path.write_text(yaml.safe_dump(pool(True)))
@@ -184,6 +185,4 @@ async def test_in_a_pool_a_profile_failing_for_good_stops_alone(
         path.write_text(yaml.safe_dump(pool(False)))
         assert await process.reload()
         assert not process.failed and process.readiness()[0]
-    finally:
-        process.stop()
-        await asyncio.wait_for(task, 30)  # a clean stop: the failure was told, not raised again
+    assert task.result() is None  # a clean stop: the failure was told, not raised again
