@@ -34,14 +34,14 @@ from typing import Any
 import kmock
 from nats.aio.client import Client
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
-from replication_operator import naming
-from replication_operator.reconciler import OperatorConfig
-from replication_operator.testing import ClusterEmulator, embedded_operator
+from replication_operator.model import naming
+from replication_operator.reconcile.reconciler import OperatorConfig
 
 from bench.common import connect, preload, table, time_fill
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator.helpers import Api
 from tests.operator.pods import Kubelet
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator
 
 NS = "bench"
 LEAF_API = "$JS.leaf.API"

@@ -18,9 +18,12 @@ import time
 from typing import Any
 
 import kmock
-from replication_operator import builders, naming, policy
-from replication_operator.reconciler import OperatorConfig, Reconciler
-from replication_operator.testing import ClusterEmulator, embedded_operator, wait_for
+from replication_operator.build import workload as builders
+from replication_operator.checks import policy
+from replication_operator.model import naming
+from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
+
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 
 NS = "bench"
 # Timers out of the way: this measures reconciliation, not status polling.

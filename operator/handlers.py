@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import kopf
-from replication_operator import naming
-from replication_operator.native_nats import NativeError
-from replication_operator.nats_status import NatsStatusError
-from replication_operator.reconciler import Reconciler
-from replication_operator.spec import SpecError
+from replication_operator.engine.target import NativeError
+from replication_operator.model import naming
+from replication_operator.model.spec import SpecError
+from replication_operator.nats.probes import NatsStatusError
+from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.observe.monitor import MonitorServer
 

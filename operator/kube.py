@@ -23,7 +23,7 @@ import aiohttp
 import kopf
 from kubernetes.aio import client as k8s
 from kubernetes.aio.client.exceptions import ApiException
-from replication_operator import naming
+from replication_operator.model import naming
 
 log = logging.getLogger(__name__)
 

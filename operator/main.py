@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import kopf
 from replication_operator import handlers
-from replication_operator.reconciler import POLICY_ENV, OperatorConfig, Reconciler, patterns
+from replication_operator.reconcile.reconciler import POLICY_ENV, OperatorConfig, Reconciler, patterns
 
 DEFAULT_PEERING = "stream-replicator"
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
-from replication_operator.spark_application import schedule_interval
+from replication_operator.build.spark_application import schedule_interval
 
 from replicator.observe.metrics import PREFIX
 

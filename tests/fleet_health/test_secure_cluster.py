@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
-from replication_operator.spark_application import CREDENTIALS_DIR, TLS_DIR, build_scheduled_spark_application
+from replication_operator.build.spark_application import CREDENTIALS_DIR, TLS_DIR, build_scheduled_spark_application
 
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.cli import add_arguments, run_from_args

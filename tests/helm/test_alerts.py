@@ -17,8 +17,7 @@ import pytest
 import yaml
 from helm_chart_support import REPO, one, render
 from prometheus_client.parser import text_string_to_metric_families
-from replication_operator.reconciler import OperatorConfig
-from replication_operator.testing import ClusterEmulator, embedded_operator, wait_for
+from replication_operator.reconcile.reconciler import OperatorConfig
 from test_dashboard import load as load_dashboard
 from test_dashboard import metric_names, targets
 
@@ -27,6 +26,7 @@ from tests.copier.helpers import InProcess, make_stream, profile_for, publish_ma
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.support.certs import CertificateAuthority, server_tls_block, write_client, write_server
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 
 UNIT_TESTS = Path(__file__).with_name("prometheus_rules_test.yaml")
 RUNBOOKS = REPO / "docs" / "alerts.md"

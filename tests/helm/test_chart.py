@@ -31,7 +31,7 @@ from helm_chart_support import (
     render,
     render_files,
 )
-from replication_operator import images
+from replication_operator.model import images
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas we have.
 KUBE_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
@@ -510,8 +510,8 @@ def test_user_roles_can_be_left_out() -> None:
 def test_policy_values_reach_the_operator() -> None:
     """The chart's policy values become the operator's policy (through its environment); the chart's
     defaults are the operator's own."""
-    from replication_operator.policy import Policy
-    from replication_operator.reconciler import OperatorConfig
+    from replication_operator.checks.policy import Policy
+    from replication_operator.reconcile.reconciler import OperatorConfig
 
     def variables(values: dict[str, Any]) -> dict[str, str]:
         return {e["name"]: e["value"] for e in container(values)["env"] if "value" in e}

@@ -15,9 +15,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from nats.aio.client import Client
-from replication_operator import naming
-from replication_operator.spark_application import MAIN_APPLICATION_FILE, build_scheduled_spark_application
-from replication_operator.testing import wait_for
+from replication_operator.build.spark_application import MAIN_APPLICATION_FILE, build_scheduled_spark_application
+from replication_operator.model import naming
 
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.fleet_health.helpers import (
@@ -31,6 +30,7 @@ from tests.fleet_health.helpers import (
     publish,
 )
 from tests.images.support import Podman, RunOptions, writable_by
+from tests.support.kube_emulator import wait_for
 
 STREAM = "ADVISORIES"
 CONF_DIR = "/opt/spark/conf"  # where Spark on Kubernetes mounts spark.properties

@@ -13,15 +13,15 @@ from typing import Any
 import kmock
 import yaml
 from nats.aio.client import Client
-from replication_operator import images, naming
-from replication_operator.builders import BuildOptions, build_children
-from replication_operator.testing import ClusterEmulator, wait_for
+from replication_operator.build.workload import BuildOptions, build_children
+from replication_operator.model import images, naming
 
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.helm.helm_chart_support import find, render
 from tests.images.conftest import TAGS
 from tests.images.support import Podman, pod_options
 from tests.operator.helpers import Api
+from tests.support.kube_emulator import ClusterEmulator, wait_for
 
 NS = "images"
 MESSAGES = 40

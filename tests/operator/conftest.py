@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import kmock
 import pytest
-from replication_operator.reconciler import OperatorConfig, Reconciler
-from replication_operator.testing import ClusterEmulator, embedded_operator
+from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
 
 from tests.operator.helpers import Api
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator
 
 # Short intervals so that timer-driven behaviour (Secret re-checks, lag) shows within a test.
 FAST = OperatorConfig(status_interval=0.3, resync_interval=30.0, nats_timeout=2.0)

@@ -16,7 +16,9 @@ import celpy
 import jsonschema
 import kubernetes_validate
 import yaml
-from replication_operator import naming, policy, worker_config
+from replication_operator.build import worker_config
+from replication_operator.checks import policy
+from replication_operator.model import naming
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "streamreplications.streamreplicator.io.yaml"

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from replication_operator import naming
-from replication_operator.testing import FOREGROUND
+from replication_operator.model import naming
 
 from replicator.demo.local_nats import free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
+from tests.support.kube_emulator import FOREGROUND
 
 
 def pod_process(

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 import yaml
-from replication_operator import advice, builders, naming, worker_config
-from replication_operator.builders import BuildOptions, build_children, secret_needs
-from replication_operator.spark_application import BASIC_AUTH_DIR, TLS_DIR, build_scheduled_spark_application
-from replication_operator.spec import SpecError, parse_spec
+from replication_operator.build import worker_config
+from replication_operator.build import workload as builders
+from replication_operator.build.spark_application import BASIC_AUTH_DIR, TLS_DIR, build_scheduled_spark_application
+from replication_operator.build.workload import BuildOptions, build_children, secret_needs
+from replication_operator.checks import advice
+from replication_operator.model import naming
+from replication_operator.model.spec import SpecError, parse_spec
 
 from replicator.config import Profile, parse_config
 from replicator.fleet_health.cli import add_arguments, connection_from_args

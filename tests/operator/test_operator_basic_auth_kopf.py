@@ -13,17 +13,18 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client
-from replication_operator import naming, nats_status
-from replication_operator.nats_status import NatsStatusError
-from replication_operator.reconciler import Reconciler
-from replication_operator.spec import parse_spec
-from replication_operator.testing import wait_for
+from replication_operator.model import naming
+from replication_operator.model.spec import parse_spec
+from replication_operator.nats import probes as nats_status
+from replication_operator.nats.probes import NatsStatusError
+from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.operator.test_operator_e2e import _run_pods
 from tests.operator.test_operator_nats import _consumer_with_backlog
+from tests.support.kube_emulator import wait_for
 
 NS = "e2e"  # the namespace `_run_pods` expects
 USER, PASSWORD = "replicator", "pw-7vQ-from-a-secret"

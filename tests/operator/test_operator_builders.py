@@ -10,9 +10,11 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from replication_operator import builders, naming, worker_config
-from replication_operator.builders import BuildOptions, build_children
-from replication_operator.spec import SpecError, parse_spec
+from replication_operator.build import worker_config
+from replication_operator.build import workload as builders
+from replication_operator.build.workload import BuildOptions, build_children
+from replication_operator.model import naming
+from replication_operator.model.spec import SpecError, parse_spec
 
 from replicator.config import Profile, parse_config
 from tests.operator import helpers as h

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from replication_operator import naming
-from replication_operator import status as st
+from replication_operator.build.spark_application import schedule_interval
 from replication_operator.metrics import FLEET, METRIC_NAMES
-from replication_operator.reconciler import OperatorConfig
-from replication_operator.spark_application import schedule_interval
-from replication_operator.testing import ClusterEmulator, embedded_operator, wait_for
+from replication_operator.model import naming
+from replication_operator.model import status as st
+from replication_operator.reconcile.reconciler import OperatorConfig
 
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.support.certs import CertificateAuthority, cert_pem, key_pem
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 
 NS = "replication"
 NOW = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)

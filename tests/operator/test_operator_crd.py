@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from replication_operator import spec as spec_module
+from replication_operator.model import spec as spec_module
 
 from tests.operator import helpers as h
 

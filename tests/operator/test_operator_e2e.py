@@ -16,15 +16,16 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client
-from replication_operator import naming, nats_status
-from replication_operator.reconciler import Reconciler
-from replication_operator.testing import wait_for
+from replication_operator.model import naming
+from replication_operator.nats import probes as nats_status
+from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.operator.pods import pod_process, running, secrets_of
 from tests.support import certs, nats_jwt
+from tests.support.kube_emulator import wait_for
 
 NS = "e2e"
 MESSAGES = 50

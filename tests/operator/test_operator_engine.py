@@ -7,10 +7,12 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from replication_operator import engine, native, worker_config
-from replication_operator import status as st
-from replication_operator.native import Route, Start
-from replication_operator.spec import SpecError, parse_spec
+from replication_operator.build import worker_config
+from replication_operator.engine import choice as engine
+from replication_operator.engine import entry as native
+from replication_operator.engine.entry import Route, Start
+from replication_operator.model import status as st
+from replication_operator.model.spec import SpecError, parse_spec
 
 from tests.operator import helpers as h
 

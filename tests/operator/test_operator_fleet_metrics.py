@@ -9,13 +9,13 @@ from typing import Any
 
 from nats.aio.client import Client
 from prometheus_client.parser import text_string_to_metric_families
-from replication_operator import naming
-from replication_operator.reconciler import OperatorConfig
-from replication_operator.testing import ClusterEmulator, embedded_operator, wait_for
+from replication_operator.model import naming
+from replication_operator.reconcile.reconciler import OperatorConfig
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 
 NS = "replication"
 NAME = "cmdb-city1"

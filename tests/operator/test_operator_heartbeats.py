@@ -12,8 +12,8 @@ import pytest
 import yaml
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
-from replication_operator.spec import parse_spec
-from replication_operator.worker_config import build_worker_config, render, validate
+from replication_operator.build.worker_config import build_worker_config, render, validate
+from replication_operator.model.spec import parse_spec
 
 from replicator.config import Profile, parse_config
 from replicator.demo.local_nats import LocalNatsServer

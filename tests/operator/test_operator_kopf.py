@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 import yaml
-from replication_operator import naming
-from replication_operator.builders import build_children
-from replication_operator.reconciler import Reconciler
-from replication_operator.testing import ClusterEmulator, embedded_operator, wait_for
+from replication_operator.build.workload import build_children
+from replication_operator.model import naming
+from replication_operator.reconcile.reconciler import Reconciler
 
 from tests.operator import helpers as h
 from tests.operator.conftest import FAST
 from tests.operator.helpers import Api
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 
 NS = "replication"
 CREDS = {"user.creds": b"-----BEGIN NATS USER JWT-----\nfake\n------END NATS USER JWT------\n"}

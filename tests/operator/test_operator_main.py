@@ -16,14 +16,14 @@ import kopf
 import pytest
 import yaml
 from replication_operator import main as cli
-from replication_operator import naming
 from replication_operator.kube import KubeApi
-from replication_operator.testing import ApiCall, ClusterEmulator, wait_for
+from replication_operator.model import naming
 
 from replicator.demo.local_nats import free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.support import certs
+from tests.support.kube_emulator import ApiCall, ClusterEmulator, wait_for
 
 SCRIPT = str(Path(sys.prefix) / "bin" / "stream-replicator-operator")
 

@@ -18,13 +18,15 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
-from replication_operator import engine, naming, native
-from replication_operator.reconciler import Reconciler
-from replication_operator.testing import ClusterEmulator, wait_for
+from replication_operator.engine import choice as engine
+from replication_operator.engine import entry as native
+from replication_operator.model import naming
+from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator.helpers import Api
 from tests.operator.pods import Kubelet
+from tests.support.kube_emulator import ClusterEmulator, wait_for
 
 NS = "native"
 LEAF_API = "$JS.leaf.API"

@@ -10,16 +10,17 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
-from replication_operator import naming, nats_status
-from replication_operator.nats_status import Auth, NatsStatusError
-from replication_operator.reconciler import Reconciler
-from replication_operator.spec import parse_spec
-from replication_operator.testing import wait_for
+from replication_operator.model import naming
+from replication_operator.model.spec import parse_spec
+from replication_operator.nats import probes as nats_status
+from replication_operator.nats.probes import Auth, NatsStatusError
+from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.support import certs, nats_jwt
+from tests.support.kube_emulator import wait_for
 
 NS = "replication"
 

@@ -15,15 +15,17 @@ from typing import Any
 
 import pytest
 from replication_operator import main as cli
-from replication_operator import naming, policy, spark_application
-from replication_operator.policy import Policy
-from replication_operator.reconciler import OperatorConfig, Reconciler
-from replication_operator.spec import parse_spec
-from replication_operator.testing import ClusterEmulator, embedded_operator, wait_for
+from replication_operator.build import spark_application
+from replication_operator.checks import policy
+from replication_operator.checks.policy import Policy
+from replication_operator.model import naming
+from replication_operator.model.spec import parse_spec
+from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
 
 from tests.operator import helpers as h
 from tests.operator.conftest import FAST
 from tests.operator.helpers import Api
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 
 NS = "replication"
 SECRET_VALUE = b"-----BEGIN NATS USER JWT-----\nnever-shown\n------END NATS USER JWT------\n"

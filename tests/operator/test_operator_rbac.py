@@ -24,15 +24,15 @@ from typing import Any
 import kmock
 import nats
 import pytest
-from replication_operator import naming
 from replication_operator.main import build_parser, operator_config
-from replication_operator.testing import OPERATOR_TOKEN, ApiCall, ClusterEmulator, embedded_operator, wait_for
+from replication_operator.model import naming
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.helm.helm_chart_support import expected_rbac, find, one, permissions, rbac_rules, render
 from tests.operator import helpers as h
 from tests.operator.conftest import FAST
 from tests.operator.helpers import Api
+from tests.support.kube_emulator import OPERATOR_TOKEN, ApiCall, ClusterEmulator, embedded_operator, wait_for
 
 NS = "replication"
 NAME = "registrations-region"  # examples/sampling-fleet-health.yaml: every optional feature on

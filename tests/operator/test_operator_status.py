@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from replication_operator import status as st
+from replication_operator.model import status as st
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from replication_operator.spark_application import (
+from replication_operator.build.spark_application import (
     CREDENTIALS_DIR,
     HADOOP_AWS,
     HADOOP_VERSION,
@@ -23,7 +23,7 @@ from replication_operator.spark_application import (
     TLS_DIR,
     build_scheduled_spark_application,
 )
-from replication_operator.spec import SpecError
+from replication_operator.model.spec import SpecError
 
 from replicator.fleet_health.cli import add_arguments, connection_from_args
 from tests.operator.helpers import SPARK_CRDS
@@ -294,8 +294,8 @@ def test_a_declared_connector_is_used() -> None:
 
 
 def test_the_s3_secret_is_checked_like_the_other_secrets() -> None:
-    from replication_operator.builders import secret_needs
-    from replication_operator.spec import parse_spec
+    from replication_operator.build.workload import secret_needs
+    from replication_operator.model.spec import parse_spec
 
     needs = {(n.secret, n.key) for n in secret_needs(parse_spec(SPECS["tls-creds-s3-secret"]))}
     assert {("fleet-s3", "AWS_ACCESS_KEY_ID"), ("fleet-s3", "AWS_SECRET_ACCESS_KEY"), ("central-tls", None),

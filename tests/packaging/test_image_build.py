@@ -13,9 +13,10 @@ from types import ModuleType
 import pytest
 import yaml
 from dockerfile_support import REPO
-from replication_operator import images, spark_application
-from replication_operator.builders import BuildOptions
-from replication_operator.reconciler import OperatorConfig
+from replication_operator.build import spark_application
+from replication_operator.build.workload import BuildOptions
+from replication_operator.model import images
+from replication_operator.reconcile.reconciler import OperatorConfig
 
 
 def _load() -> ModuleType:

@@ -8,9 +8,9 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from replication_operator import status as st
-from replication_operator.spec import TLS_CA, TLS_CERT
-from replication_operator.status import MountedCertificate
+from replication_operator.model import status as st
+from replication_operator.model.spec import TLS_CA, TLS_CERT
+from replication_operator.model.status import MountedCertificate
 
 from replicator.transport.material import MaterialError, parse_certificates
 

@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from replication_operator import status as st
-from replication_operator.engine import Choice
+from replication_operator.engine.choice import Choice
+from replication_operator.model import status as st
 
 
 @dataclass

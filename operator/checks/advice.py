@@ -8,7 +8,7 @@ Pure: a spec in, (reason, message) pairs out; messages show URLs redacted.
 
 from __future__ import annotations
 
-from replication_operator.spec import ReplicationSpec
+from replication_operator.model.spec import ReplicationSpec
 
 from replicator.config.model import redact_url
 from replicator.config.urls import url_userinfo

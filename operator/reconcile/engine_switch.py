@@ -18,16 +18,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from replication_operator import engine, naming, native, nats_status
-from replication_operator import status as st
-from replication_operator.builders import controlled_by
-from replication_operator.engine import NATIVE, REPLICATOR, Choice
+from replication_operator.build.workload import controlled_by
+from replication_operator.engine import choice as engine
+from replication_operator.engine import entry as native
+from replication_operator.engine.choice import NATIVE, REPLICATOR, Choice
+from replication_operator.engine.entry import Start
+from replication_operator.engine.target import NativeError, TargetSession
 from replication_operator.kube import APIError, KubeApi, error_text
-from replication_operator.memory import Memory
-from replication_operator.native import Start
-from replication_operator.native_nats import NativeError, TargetSession
-from replication_operator.nats_status import NatsStatusError
-from replication_operator.spec import ReplicationSpec
+from replication_operator.model import naming
+from replication_operator.model import status as st
+from replication_operator.model.spec import ReplicationSpec
+from replication_operator.nats import probes as nats_status
+from replication_operator.nats.probes import NatsStatusError
+from replication_operator.reconcile.memory import Memory
 
 from replicator.copier.provenance import PROVENANCE, parse_provenance
 from replicator.transport.subjects import rewrite_subject

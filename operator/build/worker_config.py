@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-from replication_operator import naming
-from replication_operator.spec import TLS_CA, TLS_CERT, TLS_KEY, ReplicationSpec, Side, SpecError
+from replication_operator.model import naming
+from replication_operator.model.spec import TLS_CA, TLS_CERT, TLS_KEY, ReplicationSpec, Side, SpecError
 
 from replicator.config import Config
 

@@ -18,8 +18,9 @@ from typing import Any
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from replication_operator import native, nats_status
-from replication_operator.native import Route
+from replication_operator.engine import entry as native
+from replication_operator.engine.entry import Route
+from replication_operator.nats import probes as nats_status
 
 from replicator.config import redact_url
 from replicator.copier.position import TargetPosition

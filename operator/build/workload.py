@@ -12,12 +12,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from replication_operator import images, naming, worker_config
-from replication_operator.spec import DEFAULTS as spec_defaults
-from replication_operator.spec import ReplicationSpec, Side, SpecError, parse_spec
+from replication_operator.model import images
+from replication_operator.model import naming
+from replication_operator.build import worker_config
+from replication_operator.model.spec import DEFAULTS as spec_defaults
+from replication_operator.model.spec import ReplicationSpec, Side, SpecError, parse_spec
 
 try:  # written in parallel; the operator reports FleetHealthUnavailable until it exists
-    from replication_operator.spark_application import build_scheduled_spark_application
+    from replication_operator.build.spark_application import build_scheduled_spark_application
 except ImportError:  # pragma: no cover - depends on the tree's state
     build_scheduled_spark_application = None
 

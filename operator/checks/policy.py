@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from replication_operator import naming
-from replication_operator.spec import ReplicationSpec
+from replication_operator.model import naming
+from replication_operator.model.spec import ReplicationSpec
 
 # Degraded reasons, one per rule (docs/operator.md lists them with the others).
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from replication_operator.native import Route, subject_mapping
-from replication_operator.spec import ReplicationSpec
+from replication_operator.engine.entry import Route, subject_mapping
+from replication_operator.model.spec import ReplicationSpec
 
 AUTO = "auto"
 NATIVE = "native"

@@ -20,8 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from croniter import croniter
-from replication_operator import images
-from replication_operator.spec import SpecError
+from replication_operator.model import images
+from replication_operator.model.spec import SpecError
 
 from replicator.config.durations import parse_duration
 from replicator.config.urls import url_userinfo

@@ -25,8 +25,9 @@ import aiohttp.web
 import jsonpatch
 import kmock
 import kopf
-from replication_operator import handlers, naming
-from replication_operator.reconciler import OperatorConfig, Reconciler
+from replication_operator import handlers
+from replication_operator.model import naming
+from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
 
 ALL_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 

@@ -18,32 +18,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from replication_operator import (
-    advice,
-    builders,
-    engine,
-    images,
-    naming,
-    nats_status,
-    policy,
-    secret_checks,
-    spark_application,
-)
-from replication_operator import status as st
-from replication_operator.builders import (
-    BuildOptions,
-    Children,
-    FleetHealthUnavailable,
-    contains,
-    controlled_by,
-)
-from replication_operator.certificates import certificate_event
+from replication_operator.build import spark_application
+from replication_operator.build import workload as builders
+from replication_operator.build.workload import BuildOptions, Children, FleetHealthUnavailable, contains, controlled_by
+from replication_operator.checks import advice, policy
+from replication_operator.checks import secrets as secret_checks
+from replication_operator.checks.certificates import certificate_event
+from replication_operator.engine import choice as engine
+from replication_operator.engine.target import NativeError
 from replication_operator.kube import APIError, APINotFoundError, KubeApi, error_text
-from replication_operator.memory import Memory
 from replication_operator.metrics import OperatorMetrics
-from replication_operator.native_engine import NativeEngine
-from replication_operator.native_nats import NativeError
-from replication_operator.spec import Endpoint, ReplicationSpec, SpecError, parse_spec
+from replication_operator.model import images, naming
+from replication_operator.model import status as st
+from replication_operator.model.spec import Endpoint, ReplicationSpec, SpecError, parse_spec
+from replication_operator.nats import probes as nats_status
+from replication_operator.reconcile.engine_switch import NativeEngine
+from replication_operator.reconcile.memory import Memory
 
 from replicator.config.durations import parse_duration
 from replicator.observe.monitor import MonitorServer

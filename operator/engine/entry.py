@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replication_operator.spec import ReplicationSpec
+from replication_operator.model.spec import ReplicationSpec
 
 from replicator.config.durations import parse_duration
 from replicator.transport.subjects import rewrite_subject

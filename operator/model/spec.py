@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from replication_operator import naming
+from replication_operator.model import naming
 
 from replicator.config.urls import url_options
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replication_operator import naming
+from replication_operator.model import naming
 
 READY = "Ready"
 PROGRESSING = "Progressing"

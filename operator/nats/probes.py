@@ -22,7 +22,7 @@ import nats
 from nats.aio.client import Client
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
-from replication_operator.spec import TLS_CA, TLS_CERT, TLS_KEY, Endpoint, ReplicationSpec
+from replication_operator.model.spec import TLS_CA, TLS_CERT, TLS_KEY, Endpoint, ReplicationSpec
 
 from replicator.config import redact_url
 from replicator.transport.material import Material, MaterialError, MaterialFiles, build

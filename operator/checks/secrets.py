@@ -14,12 +14,15 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from replication_operator import builders, naming, nats_status, policy
-from replication_operator import status as st
-from replication_operator.builders import SecretNeed
-from replication_operator.certificates import secret_certificates
+from replication_operator.build import workload as builders
+from replication_operator.build.workload import SecretNeed
+from replication_operator.checks import policy
+from replication_operator.checks.certificates import secret_certificates
 from replication_operator.kube import APIError, KubeApi, error_text
-from replication_operator.spec import Endpoint, ReplicationSpec
+from replication_operator.model import naming
+from replication_operator.model import status as st
+from replication_operator.model.spec import Endpoint, ReplicationSpec
+from replication_operator.nats import probes as nats_status
 
 SecretCheck = tuple[list[st.Problem], dict[str, frozenset[str]], list[st.MountedCertificate]]
 

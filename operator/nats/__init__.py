@@ -1,0 +1,1 @@
+"""The operator's own NATS connections, made with a resource's credentials, and what it reads through them."""
