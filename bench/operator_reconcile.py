@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 import kmock
-from replication_operator.build import workload as builders
 from replication_operator.checks import policy
 from replication_operator.model import naming
 from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
@@ -47,8 +46,7 @@ def resource(index: int) -> dict[str, Any]:
         "advisory": {"subject": f"advisories.dc{index}"},
         "monitoring": {"serviceMonitor": {"enabled": True}},
     }
-    if builders.build_scheduled_spark_application is not None:
-        spec["fleetHealth"] = {"schedule": "@every 15m", "output": "s3a://fleet-health/bench"}
+    spec["fleetHealth"] = {"schedule": "@every 15m", "output": "s3a://fleet-health/bench"}
     return {
         "apiVersion": naming.API_VERSION,
         "kind": naming.KIND,
@@ -64,9 +62,8 @@ def children_of(name: str) -> list[tuple[naming.Kind, str]]:
         (naming.DEPLOYMENT, naming.deployment_name(name)),
         (naming.PDB, naming.pdb_name(name)),
         (naming.SERVICE_MONITOR, naming.service_monitor_name(name)),
+        (naming.SCHEDULED_SPARK_APPLICATION, naming.fleet_health_name(name)),
     ]
-    if builders.build_scheduled_spark_application is not None:
-        kinds.append((naming.SCHEDULED_SPARK_APPLICATION, naming.fleet_health_name(name)))
     return kinds
 
 

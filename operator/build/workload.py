@@ -1,4 +1,5 @@
-"""Pure builders: a StreamReplication (plus what the operator observed) in, Kubernetes objects out.
+"""The worker's Kubernetes objects, pure: its ConfigMap, Deployment, metrics Service, PodDisruptionBudget
+and ServiceMonitor, from a StreamReplication's typed spec.
 
 Nothing here talks to the API. The reconciler adds owner references (`kopf.adopt`) and applies the
 objects; everything else about them is decided here, so it is all unit-testable and validated
@@ -8,57 +9,18 @@ against the real Kubernetes schemas in the tests.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
-from replication_operator.model import images
-from replication_operator.model import naming
 from replication_operator.build import worker_config
-from replication_operator.model.spec import DEFAULTS as spec_defaults
-from replication_operator.model.spec import ReplicationSpec, Side, SpecError, parse_spec
+from replication_operator.model import naming
+from replication_operator.model.spec import ReplicationSpec, Side
 
-try:  # written in parallel; the operator reports FleetHealthUnavailable until it exists
-    from replication_operator.build.spark_application import build_scheduled_spark_application
-except ImportError:  # pragma: no cover - depends on the tree's state
-    build_scheduled_spark_application = None
-
-DEFAULT_WORKER_IMAGE = images.DEFAULT_WORKER_IMAGE
 RUN_AS = 10001  # the image's `replicator` user and group (Dockerfile)
 DEFAULT_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
     "limits": {"memory": "512Mi"},
 }
-
-
-class FleetHealthUnavailable(SpecError):
-    """fleetHealth is set but this operator build has no ScheduledSparkApplication builder."""
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """What the builders need besides the resource: images and the observed Secret keys."""
-
-    worker_image: str = DEFAULT_WORKER_IMAGE
-    spark_image: str | None = None
-    tls_keys: Mapping[str, Collection[str]] | None = None
-    resume_after: int | None = None  # handed over by the native engine (status.resumeAfter)
-
-
-@dataclass
-class Children:
-    """The desired children and the optional kinds that must not exist (to delete if we own them)."""
-
-    config_text: str
-    config_hash: str
-    objects: list[dict[str, Any]]
-    absent: list[tuple[naming.Kind, str]] = field(default_factory=list)
-
-    def by_kind(self, kind: naming.Kind) -> dict[str, Any] | None:
-        for obj in self.objects:
-            if obj["kind"] == kind.kind and obj["apiVersion"] == kind.api_version:
-                return obj
-        return None
 
 
 def _meta(spec: ReplicationSpec, name: str, component: str = "worker") -> dict[str, Any]:
@@ -110,14 +72,14 @@ def _strategy(spec: ReplicationSpec) -> dict[str, Any]:
     return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": surge}}
 
 
-def build_deployment(spec: ReplicationSpec, config_hash: str, options: BuildOptions) -> dict[str, Any]:
+def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str) -> dict[str, Any]:
     name = spec.resource_name
     port = spec.monitoring_port
     secret_volumes, secret_mounts = _secret_volumes(spec)
     probe = {"httpGet": {"path": "/healthz", "port": naming.METRICS_PORT_NAME}}
     container: dict[str, Any] = {
         "name": naming.CONTAINER,
-        "image": spec.image or options.worker_image,
+        "image": spec.image or worker_image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["stream-replicator"],
         "args": ["--config", naming.CONFIG_PATH, "--topic", naming.profile(name)],
@@ -274,97 +236,6 @@ def build_service_monitor(spec: ReplicationSpec) -> dict[str, Any]:
     }
 
 
-def build_fleet_health(
-    resource: Mapping[str, Any], spec: ReplicationSpec, options: BuildOptions
-) -> dict[str, Any]:
-    """The ScheduledSparkApplication from the fleet-health builder, named and labelled like our children."""
-    if build_scheduled_spark_application is None:
-        raise FleetHealthUnavailable(
-            "fleet health is not available in this operator build (no spark_application module)"
-        )
-    source = copy.deepcopy(dict(resource))
-    fleet = source.setdefault("spec", {}).setdefault("fleetHealth", {})
-    if options.spark_image and not fleet.get("image"):
-        fleet["image"] = options.spark_image
-    obj = build_scheduled_spark_application(source, options.tls_keys)
-    meta = obj.setdefault("metadata", {})
-    meta["name"] = naming.fleet_health_name(spec.resource_name)
-    meta["namespace"] = spec.namespace
-    meta["labels"] = {**(meta.get("labels") or {}), **naming.labels(spec.resource_name, "fleet-health")}
-    return obj
-
-
-def build_children(resource: Mapping[str, Any], options: BuildOptions | None = None) -> Children:
-    """Every child of a resource; raises SpecError when the spec cannot work."""
-    options = options or BuildOptions()
-    spec = parse_spec(resource)
-    config = worker_config.build_worker_config(spec, options.tls_keys, options.resume_after)
-    worker_config.validate(config)
-    text = worker_config.render(config)
-    digest = worker_config.config_hash(text)
-    name = spec.resource_name
-    objects = [
-        build_configmap(spec, text),
-        build_service(spec),
-        build_deployment(spec, digest, options),
-    ]
-    absent: list[tuple[naming.Kind, str]] = []
-    if spec.replicas > 1:
-        objects.append(build_pdb(spec))
-    else:
-        absent.append((naming.PDB, naming.pdb_name(name)))
-    if spec.service_monitor.enabled:
-        objects.append(build_service_monitor(spec))
-    else:
-        absent.append((naming.SERVICE_MONITOR, naming.service_monitor_name(name)))
-    if spec.fleet_health:
-        objects.append(build_fleet_health(resource, spec, options))
-    else:
-        absent.append((naming.SCHEDULED_SPARK_APPLICATION, naming.fleet_health_name(name)))
-    return Children(config_text=text, config_hash=digest, objects=objects, absent=absent)
-
-
-@dataclass(frozen=True)
-class SecretNeed:
-    """A Secret the pods mount: one key of it (credentials, user name, password, S3), or (`key` None) a
-    TLS Secret checked by `tls_problem`."""
-
-    side: Side | Literal["fleetHealth"]
-    secret: str
-    key: str | None
-
-
-def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
-    needs: list[SecretNeed] = []
-    sides: tuple[Side, Side] = ("source", "target")
-    for side in sides:
-        endpoint = spec.endpoint(side)
-        if endpoint.credentials:
-            needs.append(SecretNeed(side, endpoint.credentials.name, endpoint.credentials.key))
-        if endpoint.basic_auth:
-            needs += [SecretNeed(side, endpoint.basic_auth.name, key) for key in endpoint.basic_auth.keys]
-        if endpoint.tls_secret:
-            needs.append(SecretNeed(side, endpoint.tls_secret, None))
-    s3 = (spec.fleet_health.raw.get("s3") or {}).get("credentialsSecret") if spec.fleet_health else None
-    if s3 and s3.get("name"):  # the Spark pods take the S3 key pair from it (env)
-        for role in ("accessKeyIdKey", "secretAccessKeyKey", "sessionTokenKey"):
-            key = s3.get(role) or spec_defaults.get(f"fleetHealth.s3.credentialsSecret.{role}")
-            if key:
-                needs.append(SecretNeed("fleetHealth", str(s3["name"]), str(key)))
-    return needs
-
-
-def tls_problem(keys: Collection[str]) -> str | None:
-    """What a TLS Secret lacks: it needs ca.crt, or tls.crt with tls.key, or all three."""
-    has_ca = "ca.crt" in keys
-    has_cert, has_key = "tls.crt" in keys, "tls.key" in keys
-    if has_cert != has_key:
-        return 'key "tls.key"' if has_cert else 'key "tls.crt"'
-    if not has_ca and not has_cert:
-        return 'keys "ca.crt" or "tls.crt"/"tls.key"'
-    return None
-
-
 def contains(live: Any, desired: Any) -> bool:
     """Whether every field we set is in the live object with our value (server defaults are extra)."""
     if isinstance(desired, Mapping):
@@ -376,8 +247,3 @@ def contains(live: Any, desired: Any) -> bool:
             contains(a, b) for a, b in zip(live, desired, strict=True)
         )
     return bool(live == desired)
-
-
-def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)

@@ -11,20 +11,61 @@ Secrets and keys, never values.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from replication_operator.build import workload as builders
-from replication_operator.build.workload import SecretNeed
 from replication_operator.checks import policy
 from replication_operator.checks.certificates import secret_certificates
 from replication_operator.kube import APIError, KubeApi, error_text
 from replication_operator.model import naming
 from replication_operator.model import status as st
-from replication_operator.model.spec import Endpoint, ReplicationSpec
+from replication_operator.model.spec import DEFAULTS, Endpoint, ReplicationSpec, Side
 from replication_operator.nats import probes as nats_status
 
 SecretCheck = tuple[list[st.Problem], dict[str, frozenset[str]], list[st.MountedCertificate]]
+
+
+@dataclass(frozen=True)
+class SecretNeed:
+    """A Secret the pods mount: one key of it (credentials, user name, password, S3), or (`key` None) a
+    TLS Secret checked by `tls_problem`."""
+
+    side: Side | Literal["fleetHealth"]
+    secret: str
+    key: str | None
+
+
+def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
+    needs: list[SecretNeed] = []
+    sides: tuple[Side, Side] = ("source", "target")
+    for side in sides:
+        endpoint = spec.endpoint(side)
+        if endpoint.credentials:
+            needs.append(SecretNeed(side, endpoint.credentials.name, endpoint.credentials.key))
+        if endpoint.basic_auth:
+            needs += [SecretNeed(side, endpoint.basic_auth.name, key) for key in endpoint.basic_auth.keys]
+        if endpoint.tls_secret:
+            needs.append(SecretNeed(side, endpoint.tls_secret, None))
+    s3 = (spec.fleet_health.raw.get("s3") or {}).get("credentialsSecret") if spec.fleet_health else None
+    if s3 and s3.get("name"):  # the Spark pods take the S3 key pair from it (env)
+        for role in ("accessKeyIdKey", "secretAccessKeyKey", "sessionTokenKey"):
+            key = s3.get(role) or DEFAULTS.get(f"fleetHealth.s3.credentialsSecret.{role}")
+            if key:
+                needs.append(SecretNeed("fleetHealth", str(s3["name"]), str(key)))
+    return needs
+
+
+def tls_problem(keys: Collection[str]) -> str | None:
+    """What a TLS Secret lacks: it needs ca.crt, or tls.crt with tls.key, or all three."""
+    has_ca = "ca.crt" in keys
+    has_cert, has_key = "tls.crt" in keys, "tls.key" in keys
+    if has_cert != has_key:
+        return 'key "tls.key"' if has_cert else 'key "tls.crt"'
+    if not has_ca and not has_cert:
+        return 'keys "ca.crt" or "tls.crt"/"tls.key"'
+    return None
+
 
 
 async def check_secrets(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec) -> SecretCheck:
@@ -36,7 +77,7 @@ async def check_secrets(api: KubeApi, rules: policy.Policy, spec: ReplicationSpe
     held: dict[str, list[st.MountedCertificate]] = {}  # TLS Secret name -> its certificates
     missing: dict[str, str] = {}  # Secret name -> why it is unusable
     ns = spec.namespace
-    needs = builders.secret_needs(spec)
+    needs = secret_needs(spec)
     tls = {need.secret for need in needs if need.key is None}
     for name in dict.fromkeys(need.secret for need in needs):
         try:
@@ -76,7 +117,7 @@ def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], m
             if key is not None and key not in keys[name]:
                 problems.append(st.Problem(
                     st.SECRET_KEY_MISSING, f'secret "{name}" has no key "{key}" in namespace "{ns}"'))
-            elif key is None and (lack := builders.tls_problem(keys[name])):
+            elif key is None and (lack := tls_problem(keys[name])):
                 problems.append(st.Problem(
                     st.SECRET_KEY_MISSING, f'TLS secret "{name}" lacks {lack} in namespace "{ns}"'))
     return problems

@@ -6,6 +6,9 @@ Kubernetes names never contain `_` and namespaces never contain `.`, so `<namesp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 GROUP = "streamreplicator.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -145,3 +148,9 @@ KINDS_BY_API = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, STREA
 
 def kind_of(obj: dict[str, object]) -> Kind:
     return KINDS_BY_API[(str(obj.get("apiVersion")), str(obj.get("kind")))]
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `obj` is ours: its controller owner reference names the resource with this uid."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)

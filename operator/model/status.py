@@ -26,7 +26,6 @@ INVALID_SPEC = "InvalidSpec"  # the spec cannot become a valid worker config
 NAME_CONFLICT = "NameConflict"  # a child's name is taken by an object this resource does not own
 CRD_MISSING = "CRDMissing"  # ServiceMonitor / ScheduledSparkApplication asked for, kind not served
 APPLY_FAILED = "ApplyFailed"  # the API refused a child
-FLEET_HEALTH_UNAVAILABLE = "FleetHealthUnavailable"  # fleetHealth set, no Spark builder in this build
 ROLLOUT_STUCK = "RolloutStuck"  # the Deployment exceeded its progress deadline
 PODS_UNAVAILABLE = "PodsUnavailable"  # rolled out, but fewer pods ready than desired
 HEALTHY = "Healthy"

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from replication_operator.build.workload import controlled_by
 from replication_operator.engine import choice as engine
 from replication_operator.engine import entry as native
 from replication_operator.engine.choice import NATIVE, REPLICATOR, Choice
@@ -146,7 +145,7 @@ class NativeEngine:
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         self.rec.forget_children(uid)
         deployment = await self.rec._get_quietly(naming.DEPLOYMENT, namespace, naming.deployment_name(name))
-        if deployment is not None and controlled_by(deployment, uid):
+        if deployment is not None and naming.controlled_by(deployment, uid):
             return await self._stop_pods(body, deployment, memory)
         memory.awaiting_pods = False
         outcome = NativeOutcome()
@@ -273,7 +272,7 @@ class NativeEngine:
         done = True
         for kind, child in _replicator_children(meta["name"]):
             live = await self.rec._get_quietly(kind, meta["namespace"], child)
-            if live is None or not controlled_by(live, meta["uid"]):
+            if live is None or not naming.controlled_by(live, meta["uid"]):
                 continue
             try:
                 await self.rec.api.delete(kind, meta["namespace"], child, uid=live["metadata"].get("uid"))

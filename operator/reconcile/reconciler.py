@@ -20,7 +20,8 @@ from typing import Any
 import kopf
 from replication_operator.build import spark_application
 from replication_operator.build import workload as builders
-from replication_operator.build.workload import BuildOptions, Children, FleetHealthUnavailable, contains, controlled_by
+from replication_operator.build.children import BuildOptions, Children, build_children
+from replication_operator.build.workload import contains
 from replication_operator.checks import advice, policy
 from replication_operator.checks import secrets as secret_checks
 from replication_operator.checks.certificates import certificate_event
@@ -30,6 +31,7 @@ from replication_operator.kube import APIError, APINotFoundError, KubeApi, error
 from replication_operator.metrics import OperatorMetrics
 from replication_operator.model import images, naming
 from replication_operator.model import status as st
+from replication_operator.model.naming import controlled_by
 from replication_operator.model.spec import Endpoint, ReplicationSpec, SpecError, parse_spec
 from replication_operator.nats import probes as nats_status
 from replication_operator.reconcile.engine_switch import NativeEngine
@@ -214,9 +216,7 @@ class Reconciler:
                     problems.extend(handover)
                     if not handover:
                         try:
-                            children = builders.build_children(body, self._options(tls_keys, resume_after))
-                        except FleetHealthUnavailable as err:
-                            problems.append(st.Problem(st.FLEET_HEALTH_UNAVAILABLE, str(err)))
+                            children = build_children(body, self._options(tls_keys, resume_after))
                         except SpecError as err:
                             problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 

@@ -13,7 +13,7 @@ from typing import Any
 import kmock
 import yaml
 from nats.aio.client import Client
-from replication_operator.build.workload import BuildOptions, build_children
+from replication_operator.build.children import BuildOptions, build_children
 from replication_operator.model import images, naming
 
 from replicator.demo.local_nats import LocalNatsServer, free_port

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 from replication_operator.build import worker_config
-from replication_operator.build import workload as builders
+from replication_operator.build.children import BuildOptions, Children, build_children
 from replication_operator.build.spark_application import BASIC_AUTH_DIR, TLS_DIR, build_scheduled_spark_application
-from replication_operator.build.workload import BuildOptions, build_children, secret_needs
 from replication_operator.checks import advice
+from replication_operator.checks.secrets import secret_needs
 from replication_operator.model import naming
 from replication_operator.model.spec import SpecError, parse_spec
 
@@ -39,7 +39,7 @@ def _example(**changes: Any) -> dict[str, Any]:
     return resource
 
 
-def _topic(children: builders.Children) -> dict[str, Any]:
+def _topic(children: Children) -> dict[str, Any]:
     (topic,) = yaml.safe_load(children.config_text)["topics"].values()
     return dict(topic)
 

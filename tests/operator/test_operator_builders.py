@@ -10,9 +10,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from replication_operator.build import worker_config
-from replication_operator.build import workload as builders
-from replication_operator.build.workload import BuildOptions, build_children
+from replication_operator.build import worker_config, workload
+from replication_operator.build.children import BuildOptions, Children, build_children
+from replication_operator.checks.secrets import tls_problem
 from replication_operator.model import naming
 from replication_operator.model.spec import SpecError, parse_spec
 
@@ -92,32 +92,24 @@ def _validate(obj: dict[str, Any]) -> None:
         h.validate_k8s(obj)
 
 
-def _children(name: str, **changes: Any) -> builders.Children:
+def _children(name: str, **changes: Any) -> Children:
     resource = h.example(name)
     resource["spec"].update(changes)
     return build_children(resource)
 
 
-def _config(children: builders.Children) -> dict[str, Any]:
+def _config(children: Children) -> dict[str, Any]:
     return dict(yaml.safe_load(children.config_text))
 
 
-def _topic(children: builders.Children) -> dict[str, Any]:
+def _topic(children: Children) -> dict[str, Any]:
     (topic,) = _config(children)["topics"].values()
     return dict(topic)
-
-
-def _fleet_ready() -> bool:
-    return builders.build_scheduled_spark_application is not None
 
 
 @pytest.mark.parametrize("resource", h.example_resources(), ids=lambda r: r["metadata"]["name"])
 def test_every_child_of_every_example_is_valid(resource: dict[str, Any]) -> None:
     resource = h.example(resource["metadata"]["name"])
-    if resource["spec"].get("fleetHealth") and not _fleet_ready():
-        with pytest.raises(builders.FleetHealthUnavailable):
-            build_children(resource)
-        pytest.skip("operator/spark_application.py is not there yet: fleet health cannot be built")
     children = build_children(resource, BuildOptions(spark_image="stream-replicator:0.1.0-spark"))
     kinds = [o["kind"] for o in children.objects]
     assert kinds[:3] == ["ConfigMap", "Service", "Deployment"]
@@ -304,10 +296,10 @@ def test_tls_config_names_only_the_keys_the_secret_has() -> None:
     keys = {"dc1-nats-tls": {"ca.crt", "tls.crt", "tls.key"}, "central-ca": {"ca.crt"}}
     topic = _topic(build_children(resource, BuildOptions(tls_keys=keys)))
     assert set(topic["target_tls"]) == {"scheme", "ca"}
-    assert builders.tls_problem({"ca.crt"}) is None
-    assert builders.tls_problem({"tls.crt", "tls.key"}) is None
-    assert builders.tls_problem({"tls.crt"}) == 'key "tls.key"'
-    assert builders.tls_problem(set()) is not None
+    assert tls_problem({"ca.crt"}) is None
+    assert tls_problem({"tls.crt", "tls.key"}) is None
+    assert tls_problem({"tls.crt"}) == 'key "tls.key"'
+    assert tls_problem(set()) is not None
 
 
 def test_config_hash_rolls_pods_only_when_the_config_changes() -> None:
@@ -315,7 +307,7 @@ def test_config_hash_rolls_pods_only_when_the_config_changes() -> None:
     more_pods = _children("telemetry-region", replicas=6)
     other_age = _children("telemetry-region", maxAge="2h")
 
-    def pod_hash(children: builders.Children) -> str:
+    def pod_hash(children: Children) -> str:
         deployment = children.by_kind(naming.DEPLOYMENT)
         assert deployment is not None
         return str(deployment["spec"]["template"]["metadata"]["annotations"][naming.ANNOTATION_CONFIG_HASH])
@@ -328,10 +320,10 @@ def test_safe_strategy_recreates_once_when_election_turns_on() -> None:
     single = _children("orders-eu", replicas=1).by_kind(naming.DEPLOYMENT)
     elected = _children("orders-eu", replicas=3).by_kind(naming.DEPLOYMENT)
     assert single is not None and elected is not None
-    assert builders.safe_strategy(elected, single)["spec"]["strategy"] == {"type": "Recreate"}
-    assert builders.safe_strategy(elected, elected)["spec"]["strategy"]["type"] == "RollingUpdate"
-    assert builders.safe_strategy(elected, None) is elected
-    assert builders.safe_strategy(single, elected)["spec"]["strategy"] == {"type": "Recreate"}
+    assert workload.safe_strategy(elected, single)["spec"]["strategy"] == {"type": "Recreate"}
+    assert workload.safe_strategy(elected, elected)["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert workload.safe_strategy(elected, None) is elected
+    assert workload.safe_strategy(single, elected)["spec"]["strategy"] == {"type": "Recreate"}
 
 
 def test_optional_children_are_listed_as_absent_when_off() -> None:
@@ -375,15 +367,14 @@ def test_contains_ignores_server_defaults_but_not_edits() -> None:
     live = copy.deepcopy(desired)
     live["spec"]["progressDeadlineSeconds"] = 600
     live["spec"]["template"]["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
-    assert builders.contains(live, desired)
+    assert workload.contains(live, desired)
     live["spec"]["replicas"] = 5
-    assert not builders.contains(live, desired)
+    assert not workload.contains(live, desired)
     live["spec"]["replicas"] = 2
     live["spec"]["template"]["spec"]["containers"].append({"name": "sidecar"})
-    assert not builders.contains(live, desired)
+    assert not workload.contains(live, desired)
 
 
-@pytest.mark.skipif(not _fleet_ready(), reason="operator/spark_application.py is not there yet")
 def test_fleet_health_builds_a_valid_scheduled_spark_application() -> None:
     resource = h.example("registrations-region")
     children = build_children(resource, BuildOptions(spark_image="stream-replicator:0.1.0-spark"))

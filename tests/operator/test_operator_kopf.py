@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from replication_operator.build.workload import build_children
+from replication_operator.build.children import build_children
 from replication_operator.model import naming
 from replication_operator.reconcile.reconciler import Reconciler
 

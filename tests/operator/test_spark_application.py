@@ -294,7 +294,7 @@ def test_a_declared_connector_is_used() -> None:
 
 
 def test_the_s3_secret_is_checked_like_the_other_secrets() -> None:
-    from replication_operator.build.workload import secret_needs
+    from replication_operator.checks.secrets import secret_needs
     from replication_operator.model.spec import parse_spec
 
     needs = {(n.secret, n.key) for n in secret_needs(parse_spec(SPECS["tls-creds-s3-secret"]))}

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from dockerfile_support import REPO
 from replication_operator.build import spark_application
-from replication_operator.build.workload import BuildOptions
+from replication_operator.build.children import BuildOptions
 from replication_operator.model import images
 from replication_operator.reconcile.reconciler import OperatorConfig
 
