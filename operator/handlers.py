@@ -16,7 +16,7 @@ import kopf
 from replication_operator.engine.target import NativeError
 from replication_operator.model import naming
 from replication_operator.model.spec import SpecError
-from replication_operator.nats.probes import NatsStatusError
+from replication_operator.nats.connection import NatsStatusError
 from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.observe.monitor import MonitorServer

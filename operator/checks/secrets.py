@@ -21,7 +21,7 @@ from replication_operator.kube import APIError, KubeApi, error_text
 from replication_operator.model import naming
 from replication_operator.model import status as st
 from replication_operator.model.spec import DEFAULTS, Endpoint, ReplicationSpec, Side
-from replication_operator.nats import probes as nats_status
+from replication_operator.nats import connection
 
 SecretCheck = tuple[list[st.Problem], dict[str, frozenset[str]], list[st.MountedCertificate]]
 
@@ -123,7 +123,7 @@ def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], m
     return problems
 
 
-async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, endpoint: Endpoint) -> nats_status.Auth:
+async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, endpoint: Endpoint) -> connection.Auth:
     """One side's credentials, user and password, and TLS material, read from its Secrets now (so a
     rotated Secret is used at once); `NatsStatusError` names a Secret that cannot be used."""
     secrets: dict[str, dict[str, bytes]] = {}
@@ -131,12 +131,12 @@ async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, e
         try:
             secret = await api.get(naming.SECRET, spec.namespace, name)
         except (APIError, TimeoutError) as err:
-            raise nats_status.NatsStatusError(f'secret "{name}" cannot be read: {error_text(err)}') from None
+            raise connection.NatsStatusError(f'secret "{name}" cannot be read: {error_text(err)}') from None
         if secret is None:
-            raise nats_status.NatsStatusError(f'secret "{name}" not found in namespace "{spec.namespace}"')
+            raise connection.NatsStatusError(f'secret "{name}" not found in namespace "{spec.namespace}"')
         # Checked again as the values are read: the label may have gone since the last pass.
         if not policy.secret_usable(rules, spec.namespace, (secret.get("metadata") or {}).get("labels")):
-            raise nats_status.NatsStatusError(
+            raise connection.NatsStatusError(
                 f'secret "{name}" is no longer labelled {policy.USABLE_LABEL}={policy.USABLE_VALUE}')
         secrets[name] = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
-    return nats_status.auth_from_secrets(endpoint, secrets)
+    return connection.auth_from_secrets(endpoint, secrets)

@@ -20,7 +20,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from replication_operator.engine import entry as native
 from replication_operator.engine.entry import Route
-from replication_operator.nats import probes as nats_status
+from replication_operator.nats import connection
 
 from replicator.config import redact_url
 from replicator.copier.position import TargetPosition
@@ -67,7 +67,7 @@ def target_subject(destinations: tuple[str, ...], filters: tuple[str, ...]) -> s
 class TargetSession:
     """`async with TargetSession(url, auth, timeout) as target:` one short-lived connection."""
 
-    def __init__(self, url: str, auth: nats_status.Auth, time_limit: float) -> None:
+    def __init__(self, url: str, auth: connection.Auth, time_limit: float) -> None:
         self.url = url
         self.auth = auth
         self.time_limit = time_limit
@@ -75,8 +75,8 @@ class TargetSession:
 
     async def __aenter__(self) -> TargetSession:
         try:
-            self.nc = await nats_status.connect(self.url, self.auth, self.time_limit)
-        except nats_status.NatsStatusError as err:
+            self.nc = await connection.connect(self.url, self.auth, self.time_limit)
+        except connection.NatsStatusError as err:
             raise NativeError(str(err)) from None
         return self
 

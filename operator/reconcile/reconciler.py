@@ -33,7 +33,7 @@ from replication_operator.model import images, naming
 from replication_operator.model import status as st
 from replication_operator.model.naming import controlled_by
 from replication_operator.model.spec import Endpoint, ReplicationSpec, SpecError, parse_spec
-from replication_operator.nats import probes as nats_status
+from replication_operator.nats import connection, probes
 from replication_operator.reconcile.engine_switch import NativeEngine
 from replication_operator.reconcile.memory import Memory
 
@@ -478,18 +478,18 @@ class Reconciler:
         timeout = self.config.nats_timeout
         try:
             auth = await self._auth(spec, spec.source)
-            fields.update(await nats_status.read_consumer(spec, auth, timeout))
+            fields.update(await probes.read_consumer(spec, auth, timeout))
             self._nats_ok(body, memory, "lag")
-        except nats_status.NatsStatusError as err:
+        except connection.NatsStatusError as err:
             self._nats_error(body, memory, "lag", "LagUnavailable", str(err))
         if spec.fleet_health and spec.advisory_endpoint:
             try:
                 auth = await self._auth(spec, spec.advisory_endpoint)
-                summary = await nats_status.read_fleet(spec, auth, timeout)
+                summary = await probes.read_fleet(spec, auth, timeout)
                 fields["fleet"] = summary.status
                 memory.fleet_sites = summary.sites
                 self._nats_ok(body, memory, "fleet")
-            except nats_status.NatsStatusError as err:
+            except connection.NatsStatusError as err:
                 self._nats_error(body, memory, "fleet", "FleetUnavailable", str(err))
         if fields:
             async with memory.lock:
@@ -502,7 +502,7 @@ class Reconciler:
         try:
             intact = await self.native.refresh(body, spec, memory)
             self._nats_ok(body, memory, "lag")
-        except (nats_status.NatsStatusError, NativeError) as err:
+        except (connection.NatsStatusError, NativeError) as err:
             self._nats_error(body, memory, "lag", "LagUnavailable", str(err))
             return
         if not intact:
@@ -520,7 +520,7 @@ class Reconciler:
         if done:
             self._event(body, "Normal", "SourceRemoved", done)
 
-    async def _auth(self, spec: ReplicationSpec, endpoint: Endpoint) -> nats_status.Auth:
+    async def _auth(self, spec: ReplicationSpec, endpoint: Endpoint) -> connection.Auth:
         """One side's NATS material from its Secrets, read now (the status probe, the native engine)."""
         return await secret_checks.read_auth(self.api, self.policy, spec, endpoint)
 

@@ -15,8 +15,8 @@ import pytest
 from nats.aio.client import Client
 from replication_operator.model import naming
 from replication_operator.model.spec import parse_spec
-from replication_operator.nats import probes as nats_status
-from replication_operator.nats.probes import NatsStatusError
+from replication_operator.nats import connection, probes
+from replication_operator.nats.connection import NatsStatusError
 from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.demo.local_nats import LocalNatsServer
@@ -144,11 +144,11 @@ async def test_the_status_probe_signs_in_with_the_secret(
         finally:
             await nc.close()
         spec = parse_spec(_resource(source_url=source.url, basicAuthSecret={"name": "orders-login"}))
-        auth = nats_status.auth_from_secrets(spec.source, {"orders-login": LOGIN})
-        assert (await nats_status.read_consumer(spec, auth, 5))["lag"] == 3
-        wrong = nats_status.auth_from_secrets(spec.source, {"orders-login": {**LOGIN, "password": b"nope-x1"}})
+        auth = connection.auth_from_secrets(spec.source, {"orders-login": LOGIN})
+        assert (await probes.read_consumer(spec, auth, 5))["lag"] == 3
+        wrong = connection.auth_from_secrets(spec.source, {"orders-login": {**LOGIN, "password": b"nope-x1"}})
         with pytest.raises(NatsStatusError, match="cannot connect") as err:
-            await nats_status.read_consumer(spec, wrong, 5)
+            await probes.read_consumer(spec, wrong, 5)
         assert "nope-x1" not in str(err.value)
 
         await api.create(h.fake_secret("orders-login", NS, LOGIN))

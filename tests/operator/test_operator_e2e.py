@@ -17,7 +17,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from replication_operator.model import naming
-from replication_operator.nats import probes as nats_status
+from replication_operator.nats import connection
 from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.demo.local_nats import LocalNatsServer
@@ -143,8 +143,8 @@ async def test_tls_secret_mounted_from_its_object(
         resource = _resource("cmdb-tls", source.url, target_server.url)
         resource["spec"]["source"]["tlsSecret"] = "source-tls"
         await api.create(resource)
-        tls = nats_status.ssl_context(
-            nats_status.Auth(ca=material["ca.crt"], cert=material["tls.crt"], key=material["tls.key"])
+        tls = connection.ssl_context(
+            connection.Auth(ca=material["ca.crt"], cert=material["tls.crt"], key=material["tls.key"])
         )
         source_nc = await nats.connect(source.url, tls=tls)
         try:

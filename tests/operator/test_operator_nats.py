@@ -12,8 +12,8 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 from replication_operator.model import naming
 from replication_operator.model.spec import parse_spec
-from replication_operator.nats import probes as nats_status
-from replication_operator.nats.probes import Auth, NatsStatusError
+from replication_operator.nats import connection, probes
+from replication_operator.nats.connection import Auth, NatsStatusError
 from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.demo.local_nats import LocalNatsServer
@@ -71,7 +71,7 @@ def _summary(nodes: int = 1200) -> bytes:
 async def test_lag_and_last_active_of_the_ordered_durable(source_server: LocalNatsServer, source_nc: Client) -> None:
     spec = parse_spec(_resource(source_server.url))
     await _consumer_with_backlog(source_nc, spec.consumer_name)
-    fields = await nats_status.read_consumer(spec, Auth(), 5)
+    fields = await probes.read_consumer(spec, Auth(), 5)
     assert fields["lag"] == 6
     assert fields["lastActive"].endswith("Z")
 
@@ -84,16 +84,16 @@ async def test_scaled_mode_reads_the_queue_group_and_finds_the_stream(
     spec = parse_spec(resource)
     assert spec.consumer_name == "replication_cmdb-city1_grp"
     await _consumer_with_backlog(source_nc, spec.consumer_name, published=5, acked=5)
-    assert (await nats_status.read_consumer(spec, Auth(), 5))["lag"] == 0
+    assert (await probes.read_consumer(spec, Auth(), 5))["lag"] == 0
 
 
 async def test_missing_consumer_and_unreachable_server_are_explained(source_server: LocalNatsServer) -> None:
     spec = parse_spec(_resource(source_server.url))
     with pytest.raises(NatsStatusError, match="not found"):
-        await nats_status.read_consumer(spec, Auth(), 5)
+        await probes.read_consumer(spec, Auth(), 5)
     spec = parse_spec(_resource("nats://user:secret@127.0.0.1:1"))
     with pytest.raises(NatsStatusError, match="cannot connect") as err:
-        await nats_status.read_consumer(spec, Auth(), 5)
+        await probes.read_consumer(spec, Auth(), 5)
     assert "secret" not in str(err.value)
 
 
@@ -107,10 +107,10 @@ async def test_fleet_summary_from_the_kv_bucket(target_server: LocalNatsServer, 
     )
     spec = parse_spec(resource)
     with pytest.raises(NatsStatusError, match="no fleet summary yet"):
-        await nats_status.read_fleet(spec, Auth(), 5)
+        await probes.read_fleet(spec, Auth(), 5)
     kv = await target_nc.jetstream().create_key_value(bucket="FLEET_HEALTH")
     await kv.put("summary", _summary())
-    fleet = (await nats_status.read_fleet(spec, Auth(), 5)).status
+    fleet = (await probes.read_fleet(spec, Auth(), 5)).status
     assert fleet == {
         "nodes": 1200,
         "healthy": 1100,
@@ -122,16 +122,16 @@ async def test_fleet_summary_from_the_kv_bucket(target_server: LocalNatsServer, 
 
 
 def test_fleet_fields_accept_flat_totals_and_reject_garbage() -> None:
-    flat = nats_status.fleet_fields(b'{"nodes": 3, "healthy": 2, "last_run": "2026-01-01T00:00:00Z"}')
+    flat = probes.fleet_fields(b'{"nodes": 3, "healthy": 2, "last_run": "2026-01-01T00:00:00Z"}')
     assert flat == {"nodes": 3, "healthy": 2, "lastRun": "2026-01-01T00:00:00Z"}
     with pytest.raises(NatsStatusError):
-        nats_status.fleet_fields(b"not json")
-    sites = nats_status.fleet_sites(json.dumps({"sites": [
+        probes.fleet_fields(b"not json")
+    sites = probes.fleet_sites(json.dumps({"sites": [
         {"replicator": "ams", "nodes": 2, "healthy": 1, "timeout": 1, "expired": 0, "availability": 0.5},
         {"nodes": 1}, "not a row", {"replicator": "fra", "healthy": True, "availability": None}]}).encode())
     assert sites == ({"site": "ams", "nodes": 2, "healthy": 1, "timeout": 1, "expired": 0, "availability": 0.5},
                      {"site": "fra"})
-    assert nats_status.fleet_sites(b'{"fleet": {"nodes": 1}}') == ()
+    assert probes.fleet_sites(b'{"fleet": {"nodes": 1}}') == ()
 
 
 async def test_mutual_tls_material_comes_from_the_secret(tmp_path: Path) -> None:
@@ -147,16 +147,16 @@ async def test_mutual_tls_material_comes_from_the_secret(tmp_path: Path) -> None
         resource = _resource(server.url)
         resource["spec"]["source"]["tlsSecret"] = "city1-tls"
         spec = parse_spec(resource)
-        auth = nats_status.auth_from_secrets(spec.source, {"city1-tls": secret})
-        nc = await nats.connect(server.url, tls=nats_status.ssl_context(auth))
+        auth = connection.auth_from_secrets(spec.source, {"city1-tls": secret})
+        nc = await nats.connect(server.url, tls=connection.ssl_context(auth))
         try:
             await _consumer_with_backlog(nc, spec.consumer_name, published=3, acked=1)
         finally:
             await nc.close()
-        assert (await nats_status.read_consumer(spec, auth, 5))["lag"] == 2
+        assert (await probes.read_consumer(spec, auth, 5))["lag"] == 2
         without_cert = Auth(ca=secret["ca.crt"])
         with pytest.raises(NatsStatusError, match="cannot connect"):
-            await nats_status.read_consumer(spec, without_cert, 5)
+            await probes.read_consumer(spec, without_cert, 5)
 
 
 async def test_operator_reports_lag_and_fleet_in_status(
@@ -204,8 +204,8 @@ async def test_credentials_come_from_the_secret(tmp_path: Path) -> None:
             await _consumer_with_backlog(nc, spec.consumer_name, published=4, acked=1)
         finally:
             await nc.close()
-        from_secret = nats_status.auth_from_secrets(spec.source, {"city1-nats": {"user.creds": creds.read_bytes()}})
-        assert (await nats_status.read_consumer(spec, from_secret, 5))["lag"] == 3
+        from_secret = connection.auth_from_secrets(spec.source, {"city1-nats": {"user.creds": creds.read_bytes()}})
+        assert (await probes.read_consumer(spec, from_secret, 5))["lag"] == 3
         with pytest.raises(NatsStatusError) as err:
-            await nats_status.read_consumer(spec, Auth(), 5)
+            await probes.read_consumer(spec, Auth(), 5)
         assert "SEED" not in str(err.value) and "eyJ" not in str(err.value)
