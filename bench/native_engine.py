@@ -35,7 +35,7 @@ import kmock
 from nats.aio.client import Client
 from nats.js.api import ExternalStream, StreamConfig, StreamSource
 from replication_operator.model import naming
-from replication_operator.reconcile.reconciler import OperatorConfig
+from replication_operator.settings import OperatorConfig
 
 from bench.common import connect, preload, table, time_fill
 from replicator.demo.local_nats import LocalNatsServer

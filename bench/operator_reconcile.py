@@ -20,7 +20,8 @@ from typing import Any
 import kmock
 from replication_operator.checks import policy
 from replication_operator.model import naming
-from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
+from replication_operator.reconcile.reconciler import Reconciler
+from replication_operator.settings import OperatorConfig
 
 from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 

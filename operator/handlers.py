@@ -126,8 +126,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
             return
         except (NativeError, NatsStatusError) as err:
             if retry + 1 >= FINALIZE_RETRIES:
-                reconciler._event(body, "Warning", "SourceEntryLeft",
-                                  f"could not remove the source entry, left on the target stream: {err}")
+                reconciler.events.post(body, "Warning", "SourceEntryLeft",
+                                       f"could not remove the source entry, left on the target stream: {err}")
                 return
             raise kopf.TemporaryError(str(err), delay=FINALIZE_BACKOFF) from None
 

@@ -6,6 +6,14 @@ official `kubernetes` client (`kubernetes.aio`, the package's own asyncio client
 blocking call in the event loop). Both log in with the same credentials: the operator's login
 handler (handlers.py) hands kopf's `ConnectionInfo` to `KubeApi.use`, and on a 401 the client logs
 in again the same way. Only kopf's public API is used, so a kopf upgrade cannot break this module.
+
+The error contract, which every caller relies on: a call that fails raises `APIError` and nothing
+else. An answer with an error status keeps it (`APINotFoundError` for 404, `APIConflictError` for
+409); no answer at all (refused, reset, TLS failure, `REQUEST_TIMEOUT`) is `APIError` with status
+0, raised only after the `BACKOFFS` retries that 0, 429 and 5xx get; a 401 logs in again once.
+`TimeoutError` and the client's own exceptions never leave this module. Absence is not an error
+where it is an answer: `get` returns None, `delete` False, `get_quietly` None for any failure
+(logged). `retryable` says which statuses are worth another pass soon.
 """
 
 from __future__ import annotations
@@ -38,12 +46,18 @@ Relogin = Callable[[], Awaitable[kopf.ConnectionInfo | None]]
 
 
 class APIError(Exception):
-    """An API call failed: `status` is the HTTP status, 0 when the API server did not answer."""
+    """An API call failed: `status` is the HTTP status, 0 when the API server did not answer (see the
+    module's error contract)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}" if status else message)
         self.status = status
         self.message = message
+
+    @property
+    def retryable(self) -> bool:
+        """No answer, a conflict, throttling or a server error: another pass soon may succeed."""
+        return self.status >= 500 or self.status in (0, 409, 429)
 
 
 class APINotFoundError(APIError):
@@ -54,11 +68,9 @@ class APIConflictError(APIError):
     pass
 
 
-def error_text(err: BaseException) -> str:
+def error_text(err: APIError) -> str:
     """A short message for conditions and events: the API's status message, never a body."""
-    if isinstance(err, APIError):
-        return f"HTTP {err.status}: {err.message or 'no message'}" if err.status else err.message
-    return f"{type(err).__name__}: {err}"
+    return f"HTTP {err.status}: {err.message or 'no message'}" if err.status else err.message
 
 
 def _api_error(err: ApiException) -> APIError:
@@ -172,6 +184,15 @@ class KubeApi:
         try:
             return dict(await self._call("GET", kind.path(namespace, name)))
         except APINotFoundError:
+            return None
+
+    async def get_quietly(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        """`get`, with a failure logged and taken for absence: for reads whose caller acts only on
+        what it finds (and finds it again on its next pass)."""
+        try:
+            return await self.get(kind, namespace, name)
+        except APIError as err:
+            log.warning("cannot read %s %s/%s: %s", kind.kind, namespace, name, error_text(err))
             return None
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import kopf
 from replication_operator import handlers
-from replication_operator.reconcile.reconciler import POLICY_ENV, OperatorConfig, Reconciler, patterns
+from replication_operator.reconcile.reconciler import Reconciler
+from replication_operator.settings import POLICY_ENV, OperatorConfig, patterns
 
 DEFAULT_PEERING = "stream-replicator"
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"

@@ -67,7 +67,6 @@ def tls_problem(keys: Collection[str]) -> str | None:
     return None
 
 
-
 async def check_secrets(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec) -> SecretCheck:
     """Every referenced Secret exists, may be used (policy) and has its keys; returns the problems,
     the Secrets' key names (the config names only the TLS files a Secret has) and the certificates
@@ -89,7 +88,7 @@ async def check_secrets(api: KubeApi, rules: policy.Policy, spec: ReplicationSpe
                 keys[name] = frozenset((secret.get("data") or {}).keys())
                 if name in tls:
                     held[name] = secret_certificates(name, secret)
-        except (APIError, TimeoutError) as err:
+        except APIError as err:
             missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
     problems = [st.Problem(v.reason, v.message) for v in policy.secret_violations(rules, ns, labels)]
     refused = {name for name in labels if not policy.secret_usable(rules, ns, labels[name])}
@@ -130,7 +129,7 @@ async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, e
     for name in endpoint.secrets:
         try:
             secret = await api.get(naming.SECRET, spec.namespace, name)
-        except (APIError, TimeoutError) as err:
+        except APIError as err:
             raise connection.NatsStatusError(f'secret "{name}" cannot be read: {error_text(err)}') from None
         if secret is None:
             raise connection.NatsStatusError(f'secret "{name}" not found in namespace "{spec.namespace}"')
@@ -140,3 +139,18 @@ async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, e
                 f'secret "{name}" is no longer labelled {policy.USABLE_LABEL}={policy.USABLE_VALUE}')
         secrets[name] = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
     return connection.auth_from_secrets(endpoint, secrets)
+
+
+class Secrets:
+    """The Secrets of resources as the policy lets them be used: the reconciler checks them, the
+    status probe and the native engine read a side's values for a connection."""
+
+    def __init__(self, api: KubeApi, rules: policy.Policy) -> None:
+        self.api = api
+        self.rules = rules
+
+    async def check(self, spec: ReplicationSpec) -> SecretCheck:
+        return await check_secrets(self.api, self.rules, spec)
+
+    async def auth(self, spec: ReplicationSpec, endpoint: Endpoint) -> connection.Auth:
+        return await read_auth(self.api, self.rules, spec, endpoint)

@@ -13,11 +13,11 @@ middle continues where it stopped.
 from __future__ import annotations
 
 import datetime as dt
-import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from replication_operator.checks.secrets import Secrets
 from replication_operator.engine import choice as engine
 from replication_operator.engine import entry as native
 from replication_operator.engine.choice import NATIVE, REPLICATOR, Choice
@@ -27,32 +27,17 @@ from replication_operator.kube import APIError, KubeApi, error_text
 from replication_operator.model import naming
 from replication_operator.model import status as st
 from replication_operator.model.spec import ReplicationSpec
-from replication_operator.nats import connection
 from replication_operator.nats.connection import NatsStatusError
+from replication_operator.reconcile.events import Events
 from replication_operator.reconcile.memory import Memory
+from replication_operator.reconcile.status_writer import StatusWriter
 
 from replicator.copier.provenance import PROVENANCE, parse_provenance
 from replicator.transport.subjects import rewrite_subject
 
 
-class Operator(Protocol):
-    """What the native engine uses of the Reconciler (which owns it)."""
-
-    api: KubeApi
-
-    @property
-    def config(self) -> Any: ...
-    def clock(self) -> dt.datetime: ...
-    def forget_children(self, uid: str) -> None: ...
-    async def _auth(self, spec: ReplicationSpec, endpoint: Any) -> connection.Auth: ...
-    def _event(self, body: Mapping[str, Any], kind: str, reason: str, message: str) -> None: ...
-    async def _persist(self, body: Mapping[str, Any], memory: Memory, fields: Mapping[str, Any]) -> None: ...
-    async def _get_quietly(self, kind: naming.Kind, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-log = logging.getLogger("replication_operator")
-
-# The replicator's children other than its Deployment: deleted once the pods are gone.
 def _replicator_children(name: str) -> list[tuple[naming.Kind, str]]:
+    """The replicator's children other than its Deployment: deleted once the pods are gone."""
     return [
         (naming.CONFIGMAP, naming.configmap_name(name)),
         (naming.SERVICE, naming.service_name(name)),
@@ -73,39 +58,44 @@ class NativeOutcome:
     retry: bool = False
 
 
-class NativeEngine:
-    """The native engine's side of a reconcile pass; the Reconciler owns the rest."""
+class EngineSwitch:
+    """The native engine's side of a reconcile pass: which engine runs, the native engine's entry,
+    and the handovers; the Reconciler owns the rest. Its state is `memory.engine`."""
 
-    def __init__(self, reconciler: Operator) -> None:
-        self.rec = reconciler
-
-    def _status(self, body: Mapping[str, Any], memory: Memory) -> dict[str, Any]:
-        return dict(memory.status or body.get("status") or {})
+    def __init__(self, api: KubeApi, secrets: Secrets, events: Events, status: StatusWriter,
+                 clock: Callable[[], dt.datetime], nats_timeout: float) -> None:
+        self.api = api
+        self.secrets = secrets
+        self.events = events
+        self.status = status
+        self.clock = clock
+        self.nats_timeout = nats_timeout
 
     async def _session(self, spec: ReplicationSpec) -> TargetSession:
-        auth = await self.rec._auth(spec, spec.target)
-        return TargetSession(spec.target.url, auth, self.rec.config.nats_timeout)
+        auth = await self.secrets.auth(spec, spec.target)
+        return TargetSession(spec.target.url, auth, self.nats_timeout)
 
     # ---- which engine ----
     async def choose(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory) -> Choice:
         """Made once per spec generation (remembered in the Engine condition across restarts);
         a choice that cannot run (`problem`) is tried again on every pass."""
         generation = (body.get("metadata") or {}).get("generation")
-        if memory.choice is not None and memory.choice_generation == generation and not memory.choice.problem:
-            return memory.choice
-        recorded = st.condition(self._status(body, memory), engine.CONDITION)
-        if (memory.choice is None and recorded and recorded.get("status") == "True" and generation is not None
+        state = memory.engine
+        if state.choice is not None and state.choice_generation == generation and not state.choice.problem:
+            return state.choice
+        recorded = st.condition(memory.current_status(body), engine.CONDITION)
+        if (state.choice is None and recorded and recorded.get("status") == "True" and generation is not None
                 and recorded.get("observedGeneration") == generation):
             message = str(recorded.get("message") or "").split(": ", 1)[-1]
             choice = Choice(engine.engine_of(str(recorded.get("reason")), spec), str(recorded.get("reason")), message)
         else:
             choice = engine.before_probe(spec, body.get("spec")) or await self._probe(
-                spec, self._status(body, memory))
-            previous = memory.choice  # a problem is posted with the others (Degraded, a Warning)
+                spec, memory.current_status(body))
+            previous = state.choice  # a problem is posted with the others (Degraded, a Warning)
             if not choice.problem and (previous is None or (previous.engine, previous.reason, previous.message) != (
                     choice.engine, choice.reason, choice.message)):
-                self.rec._event(body, "Normal", "EngineChosen", f"{choice.engine}: {choice.message}")
-        memory.choice, memory.choice_generation = choice, generation
+                self.events.post(body, "Normal", "EngineChosen", f"{choice.engine}: {choice.message}")
+        state.choice, state.choice_generation = choice, generation
         return choice
 
     async def _probe(self, spec: ReplicationSpec, status: Mapping[str, Any]) -> Choice:
@@ -143,17 +133,16 @@ class NativeEngine:
     async def run(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory) -> NativeOutcome:
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        self.rec.forget_children(uid)
-        deployment = await self.rec._get_quietly(naming.DEPLOYMENT, namespace, naming.deployment_name(name))
+        deployment = await self.api.get_quietly(naming.DEPLOYMENT, namespace, naming.deployment_name(name))
         if deployment is not None and naming.controlled_by(deployment, uid):
             return await self._stop_pods(body, deployment, memory)
-        memory.awaiting_pods = False
+        memory.engine.awaiting_pods = False
         outcome = NativeOutcome()
         try:
             async with await self._session(spec) as target:
                 outcome = await self._configure(body, spec, memory, target)
         except WouldRepeat as err:  # decide again: auto goes back to the replicator
-            memory.choice = None
+            memory.engine.choice = None
             outcome.problems.append(st.Problem(engine.NATIVE_WOULD_REPEAT, str(err)))
             outcome.retry = True
             return outcome
@@ -162,23 +151,23 @@ class NativeEngine:
         except APIError as err:  # a step's status could not be recorded: the next pass repeats it
             outcome.problems.append(st.Problem(st.APPLY_FAILED, f"status: {error_text(err)}"))
             outcome.retry = True
-        if not memory.children_gone and await self._delete_children(body, outcome):
-            memory.children_gone = True
+        if not memory.engine.children_gone and await self._delete_children(body, outcome):
+            memory.engine.children_gone = True
         return outcome
 
     async def _stop_pods(self, body: Mapping[str, Any], deployment: Mapping[str, Any],
                          memory: Memory) -> NativeOutcome:
         meta = body["metadata"]
-        memory.awaiting_pods = True
-        memory.children_gone = False
+        memory.engine.awaiting_pods = True
+        memory.engine.children_gone = False
         if not (deployment.get("metadata") or {}).get("deletionTimestamp"):
             try:
-                await self.rec.api.delete(naming.DEPLOYMENT, meta["namespace"], deployment["metadata"]["name"],
+                await self.api.delete(naming.DEPLOYMENT, meta["namespace"], deployment["metadata"]["name"],
                                           uid=deployment["metadata"].get("uid"), foreground=True)
             except APIError as err:
                 return NativeOutcome([st.Problem(st.APPLY_FAILED, f"deleting Deployment: {error_text(err)}")],
                                      retry=True)
-            self.rec._event(body, "Normal", st.STOPPING_REPLICATOR,
+            self.events.post(body, "Normal", st.STOPPING_REPLICATOR,
                             f"deleting Deployment {deployment['metadata']['name']}: NATS takes over once its pods "
                             "are gone")
         return NativeOutcome(view=st.Native(stopping=True))
@@ -187,7 +176,7 @@ class NativeEngine:
                          target: TargetSession) -> NativeOutcome:
         path = engine.route(spec)
         assert path is not None
-        status = self._status(body, memory)
+        status = memory.current_status(body)
         recorded = dict(status.get("native") or {})
         try:
             source_stream, source = await target.source_stream(path, spec.source.stream, spec.topic)
@@ -201,15 +190,15 @@ class NativeEngine:
         if start is None:
             start = await self._first_start(spec, status, target, stream, source, source_stream)
             recorded = {**recorded, "stream": stream, "start": start.status()}
-            await self.rec._persist(body, memory, {"engine": NATIVE, "native": recorded, "resumeAfter": None})
+            await self.status.persist(body, memory, {"engine": NATIVE, "native": recorded, "resumeAfter": None})
         desired = native.build_entry(spec, path, source_stream, start)
         if native.moved(recorded, desired, stream):  # the spec moved it: go on where the old one stopped
             last = await self._detach(target, recorded, spec)
             start = Start(sequence=last + 1) if last else start
             recorded = {"stream": stream, "start": start.status()}
-            await self.rec._persist(body, memory, {"native": recorded})
+            await self.status.persist(body, memory, {"native": recorded})
             desired = native.build_entry(spec, path, source_stream, start)
-            self.rec._event(body, "Normal", "SourceMoved", "the spec moved the source entry: removed the old one"
+            self.events.post(body, "Normal", "SourceMoved", "the spec moved the source entry: removed the old one"
                             + (f", the new one starts after source sequence {last}" if last else ""))
         owned = [i for i in [native.identity_from_status(recorded)] if i]
         info = await target.stream_info(stream)
@@ -223,20 +212,20 @@ class NativeEngine:
                 raise NativeError(f"cannot create target stream {stream}: {source_error}")
             info = await target.create_stream(native.target_config(source["config"], spec, stream, desired,
                                                                    source_stream))
-            self.rec._event(body, "Normal", "Created", f"created {label} sourcing {source_stream} through {path.via}")
+            self.events.post(body, "Normal", "Created", f"created {label} sourcing {source_stream} through {path.via}")
         else:
             live = info["config"].get("sources")
             sources = native.with_entry(live, desired, owned)
             if sources is not None:
                 before = [s for s in live or [] if native.identity(s) in {native.identity(desired), *owned}]
                 info = await target.update_stream({**info["config"], "sources": sources})
-                self.rec._event(body, "Normal", *self._change(label, source_stream, before, desired, recorded))
+                self.events.post(body, "Normal", *self._change(label, source_stream, before, desired, recorded))
         recorded = {**recorded, "stream": stream, **native.identity_status(desired),
                     "destinations": list(native.destinations(desired))}
         if recorded != status.get("native"):
-            await self.rec._persist(body, memory, {"native": recorded})
-        fields = native.source_fields(native.source_info(info, desired), self.rec.clock())
-        memory.native_fields = {k: v for k, v in fields.items() if k != "error"}
+            await self.status.persist(body, memory, {"native": recorded})
+        fields = native.source_fields(native.source_info(info, desired), self.clock())
+        memory.engine.native_fields = {k: v for k, v in fields.items() if k != "error"}
         return NativeOutcome(view=st.Native(configured=True, stream=stream, source=source_stream,
                                             error=fields.get("error")))
 
@@ -265,18 +254,18 @@ class NativeEngine:
         last = int(((source or {}).get("state") or {}).get("last_seq") or 0)
         if spec.start.get("atEnd") and source is None:
             raise NativeError("start.atEnd needs the source stream's last sequence, which the target cannot read")
-        return native.spec_start(spec, self.rec.clock(), last)
+        return native.spec_start(spec, self.clock(), last)
 
     async def _delete_children(self, body: Mapping[str, Any], outcome: NativeOutcome) -> bool:
         meta = body["metadata"]
         done = True
         for kind, child in _replicator_children(meta["name"]):
-            live = await self.rec._get_quietly(kind, meta["namespace"], child)
+            live = await self.api.get_quietly(kind, meta["namespace"], child)
             if live is None or not naming.controlled_by(live, meta["uid"]):
                 continue
             try:
-                await self.rec.api.delete(kind, meta["namespace"], child, uid=live["metadata"].get("uid"))
-                self.rec._event(body, "Normal", "Deleted", f"deleted {kind.kind} {child} (native engine)")
+                await self.api.delete(kind, meta["namespace"], child, uid=live["metadata"].get("uid"))
+                self.events.post(body, "Normal", "Deleted", f"deleted {kind.kind} {child} (native engine)")
             except APIError as err:
                 outcome.problems.append(st.Problem(st.APPLY_FAILED, f"deleting {kind.kind} {child}: {error_text(err)}"))
                 done = False
@@ -286,7 +275,7 @@ class NativeEngine:
     async def leave(self, body: Mapping[str, Any], spec: ReplicationSpec,
                     memory: Memory) -> tuple[list[st.Problem], int | None]:
         """Remove our entry and find where NATS stopped: (problems, resume_after for the replicator)."""
-        status = self._status(body, memory)
+        status = memory.current_status(body)
         recorded = status.get("native")
         if not recorded:
             return [], status.get("resumeAfter")
@@ -295,16 +284,16 @@ class NativeEngine:
         try:
             async with await self._session(spec) as target:
                 last = await self._detach(target, recorded, spec)
-            self.rec._event(body, "Normal", "SourceRemoved",
+            self.events.post(body, "Normal", "SourceRemoved",
                             f"removed the source entry from stream {stream}: the replicator takes over "
                             + (f"after source sequence {last}" if last else "where it left off"))
         except (NativeError, NatsStatusError) as err:
             return [st.Problem(engine.HANDOVER_FAILED, f"cannot hand over from the native engine: {err}")], None
         try:
-            await self.rec._persist(body, memory, {"engine": REPLICATOR, "native": None, "resumeAfter": last})
+            await self.status.persist(body, memory, {"engine": REPLICATOR, "native": None, "resumeAfter": last})
         except APIError as err:  # the entry is gone: the next pass finds the same position again
             return [st.Problem(st.APPLY_FAILED, f"status: {error_text(err)}")], None
-        memory.native_fields = {}
+        memory.engine.native_fields = {}
         return [], last
 
     async def _detach(self, target: TargetSession, recorded: Mapping[str, Any], spec: ReplicationSpec) -> int | None:
@@ -347,7 +336,7 @@ class NativeEngine:
     async def refresh(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory) -> bool:
         """The status tick: lag, last activity and NATS's error from the target stream's info.
         False when the entry is missing or changed (drift: the caller reconciles)."""
-        recorded = self._status(body, memory).get("native") or {}
+        recorded = memory.current_status(body).get("native") or {}
         owned = native.identity_from_status(recorded)
         path = engine.route(spec)
         if owned is None or path is None:
@@ -361,9 +350,9 @@ class NativeEngine:
         desired = native.build_entry(spec, path, owned[0], start) if native.subject_mapping(spec) else None
         if live is None or desired is None or native.identity(desired) != owned or not native.same_entry(live, desired):
             return False
-        fields = native.source_fields(native.source_info(info, live), self.rec.clock())
-        memory.native_fields = {k: v for k, v in fields.items() if k != "error"}
-        if memory.native_view is not None:
-            memory.native_view = st.Native(configured=True, stream=memory.native_view.stream,
-                                           source=memory.native_view.source, error=fields.get("error"))
+        fields = native.source_fields(native.source_info(info, live), self.clock())
+        memory.engine.native_fields = {k: v for k, v in fields.items() if k != "error"}
+        if memory.engine.native_view is not None:
+            memory.engine.native_view = st.Native(configured=True, stream=memory.engine.native_view.stream,
+                                           source=memory.engine.native_view.source, error=fields.get("error"))
         return True

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from helm_chart_support import REPO, one, render
 from prometheus_client.parser import text_string_to_metric_families
-from replication_operator.reconcile.reconciler import OperatorConfig
+from replication_operator.settings import OperatorConfig
 from test_dashboard import load as load_dashboard
 from test_dashboard import metric_names, targets
 

@@ -511,7 +511,7 @@ def test_policy_values_reach_the_operator() -> None:
     """The chart's policy values become the operator's policy (through its environment); the chart's
     defaults are the operator's own."""
     from replication_operator.checks.policy import Policy
-    from replication_operator.reconcile.reconciler import OperatorConfig
+    from replication_operator.settings import OperatorConfig
 
     def variables(values: dict[str, Any]) -> dict[str, str]:
         return {e["name"]: e["value"] for e in container(values)["env"] if "value" in e}

@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 
 import kmock
 import pytest
-from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
+from replication_operator.reconcile.reconciler import Reconciler
+from replication_operator.settings import OperatorConfig
 
 from tests.operator.helpers import Api
 from tests.support.kube_emulator import ClusterEmulator, embedded_operator

@@ -14,7 +14,7 @@ from replication_operator.build.spark_application import schedule_interval
 from replication_operator.metrics import FLEET, METRIC_NAMES
 from replication_operator.model import naming
 from replication_operator.model import status as st
-from replication_operator.reconcile.reconciler import OperatorConfig
+from replication_operator.settings import OperatorConfig
 
 from tests.operator import helpers as h
 from tests.operator.helpers import Api

@@ -10,7 +10,7 @@ from typing import Any
 from nats.aio.client import Client
 from prometheus_client.parser import text_string_to_metric_families
 from replication_operator.model import naming
-from replication_operator.reconcile.reconciler import OperatorConfig
+from replication_operator.settings import OperatorConfig
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator import helpers as h

@@ -20,7 +20,8 @@ from replication_operator.checks import policy
 from replication_operator.checks.policy import Policy
 from replication_operator.model import naming
 from replication_operator.model.spec import parse_spec
-from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
+from replication_operator.reconcile.reconciler import Reconciler
+from replication_operator.settings import OperatorConfig
 
 from tests.operator import helpers as h
 from tests.operator.conftest import FAST

@@ -16,7 +16,7 @@ from dockerfile_support import REPO
 from replication_operator.build import spark_application
 from replication_operator.build.children import BuildOptions
 from replication_operator.model import images
-from replication_operator.reconcile.reconciler import OperatorConfig
+from replication_operator.settings import OperatorConfig
 
 
 def _load() -> ModuleType:

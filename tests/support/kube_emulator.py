@@ -27,7 +27,8 @@ import kmock
 import kopf
 from replication_operator import handlers
 from replication_operator.model import naming
-from replication_operator.reconcile.reconciler import OperatorConfig, Reconciler
+from replication_operator.reconcile.reconciler import Reconciler
+from replication_operator.settings import OperatorConfig
 
 ALL_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
