@@ -1,4 +1,7 @@
-"""The package tree keeps its shape: imports point down the layers, no import cycles, small modules.
+"""The package trees keep their shape: imports point down the layers, no import cycles, small modules.
+
+Both `replicator/` and `operator/` (`replication_operator`) are layered; the operator may import the
+data plane, never the other way round.
 
 Read from the source with `ast` (function-level imports included), so a lazy import cannot hide a
 cycle or an upward dependency.
@@ -26,6 +29,17 @@ LAYERS: list[set[str]] = [
     {"cli"},
 ]
 RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
+# The operator's layers, bottom to top: its sub-packages and its top-level modules alike.
+OPERATOR_LAYERS: list[set[str]] = [
+    {"model"},  # what a StreamReplication is: typed spec and CRD schema, names, images, status (pure)
+    {"kube", "nats"},  # the Kubernetes API wrapper; the operator's NATS connections and reads
+    {"checks", "build", "engine"},  # policy and Secrets; the children (pure); the engines (choice, entry, target)
+    {"metrics", "settings"},
+    {"reconcile"},  # the pass, applying, the engine switch, Events, the status writer, the memory
+    {"handlers"},  # kopf wiring
+    {"main"},  # the command
+]
+OPERATOR_RANK = {part: rank for rank, layer in enumerate(OPERATOR_LAYERS) for part in layer}
 MAX_LINES = 600
 
 
@@ -66,9 +80,49 @@ def subpackage(module: str) -> str | None:
     return parts[1] if (parts[0] == "replicator" and len(parts) > 2) or (len(parts) == 2 and parts[1] in RANK) else None
 
 
+def operator_part(module: str) -> str | None:
+    """The operator's sub-package or top-level module `module` belongs to (None: the package itself)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "replication_operator" and len(parts) > 1 else None
+
+
 def test_every_subpackage_has_a_layer() -> None:
     folders = {p.name for p in PACKAGES["replicator"].iterdir() if (p / "__init__.py").exists()}
     assert folders == set(RANK), "add new sub-packages to LAYERS (and to ARCHITECTURE.md)"
+
+
+def test_every_operator_part_has_a_layer() -> None:
+    folder = PACKAGES["replication_operator"]
+    parts = {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+    parts |= {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    assert parts == set(OPERATOR_RANK), "add new operator parts to OPERATOR_LAYERS (and to ARCHITECTURE.md)"
+
+
+def test_operator_imports_point_down_its_layers() -> None:
+    upward = []
+    for module, targets in graph().items():
+        own = operator_part(module)
+        if not module.startswith("replication_operator.") or own is None:
+            continue
+        for target in targets:
+            theirs = operator_part(target)
+            if not target.startswith("replication_operator.") or theirs is None or theirs == own:
+                continue
+            if OPERATOR_RANK[theirs] >= OPERATOR_RANK[own]:
+                upward.append(f"{module} -> {target}")
+    assert not upward, "operator imports against the layering:\n" + "\n".join(sorted(upward))
+
+
+def test_the_operator_ships_no_test_harness() -> None:
+    """Nothing under operator/ imports the test extras (the emulator lives in tests/support/)."""
+    test_only = {"kmock", "jsonpatch", "pytest", "tests"}
+    found = []
+    for path in sorted(PACKAGES["replication_operator"].rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            found += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.split(".")[0] in test_only]
+    assert not found, found
 
 
 def test_imports_point_down_the_layers() -> None:
