@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test demo bench lint clean image image-base image-test
+.PHONY: all venv test demo bench lint clean image image-base image-test crd
 
 all: test
 
@@ -47,6 +47,13 @@ image-base:
 image-test: $(STAMP)
 	$(PYTHON) images/build.py --tool buildah $(if $(PYTHON_IMAGE),--base $(PYTHON_IMAGE))
 	$(BIN)/python -m pytest -q --images tests/images
+
+# The StreamReplication CRD is generated from the operator's typed models (operator/model/): edit those,
+# then regenerate both copies; tests/operator/test_operator_crd.py fails while either differs.
+CRD_FILES := crds/streamreplications.streamreplicator.io.yaml helm/stream-replicator/crds/streamreplications.streamreplicator.io.yaml
+
+crd: $(STAMP)
+	$(BIN)/python -m replication_operator.model.crd $(CRD_FILES)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

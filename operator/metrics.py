@@ -93,12 +93,12 @@ class OperatorMetrics:
             self.gauges[gauge].labels(namespace, name, *labels).set(value)
         self.series[key] = set(values)
 
-    def export(self, body: Mapping[str, Any], status: Mapping[str, Any], desired: int,
+    def export(self, body: Mapping[str, Any], status: Mapping[str, Any], desired: int, schedule: str | None,
                sites: Sequence[Mapping[str, Any]] = ()) -> tuple[str, str]:
-        """From a resource and the status just written; returns its (namespace, name)."""
+        """From a resource and the status just written; `schedule`: its fleet-health schedule ("" for
+        the default, None without fleet health). Returns its (namespace, name)."""
         meta = body["metadata"]
-        fleet = (body.get("spec") or {}).get("fleetHealth")
-        interval = _interval(str(fleet.get("schedule") or "")) if isinstance(fleet, Mapping) else None
+        interval = _interval(schedule) if schedule is not None else None
         self.update(meta["namespace"], meta["name"], desired=desired, status=status,
                     created=meta.get("creationTimestamp"), fleet_interval=interval, sites=sites)
         return meta["namespace"], meta["name"]

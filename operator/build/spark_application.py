@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 from croniter import croniter
 from replication_operator.model import images
-from replication_operator.model.spec import SpecError
+from replication_operator.model.fleet_health import Driver, Executor, FleetHealth
+from replication_operator.model.spec import Endpoint, ReplicationSpec, SpecError
 
 from replicator.config.durations import parse_duration
 from replicator.config.urls import url_userinfo
@@ -33,12 +34,10 @@ DEFAULT_IMAGE = images.DEFAULT_SPARK_IMAGE
 DEFAULT_SPARK_VERSION = "4.0.0"
 DEFAULT_SCHEDULE = "@every 1h"
 DEFAULT_BUCKET = "FLEET_HEALTH"
-DEFAULT_CREDENTIALS_KEY = "user.creds"
 # Kubeflow's chart creates this account (with rights to start executor pods) in job namespaces.
 DEFAULT_SERVICE_ACCOUNT = "spark-operator-spark"
 CREDENTIALS_DIR = "/etc/stream-replicator/nats"
 BASIC_AUTH_DIR = "/etc/stream-replicator/nats-basic-auth"
-DEFAULT_USERNAME_KEY, DEFAULT_PASSWORD_KEY = "username", "password"
 TLS_DIR = "/etc/stream-replicator/tls"
 TLS_FILES = (("ca.crt", "--tls-ca"), ("tls.crt", "--tls-cert"), ("tls.key", "--tls-key"))
 # The Hadoop that PySpark (and so the Spark image) bundles: pyspark/jars/hadoop-client-api-<version>.jar.
@@ -54,8 +53,6 @@ CONNECTORS = {
     "wasbs": ("hadoop-azure", f"org.apache.hadoop:hadoop-azure:{HADOOP_VERSION}"),
 }
 BUILT_IN_SCHEMES = ("", "file", "hdfs", "viewfs")
-S3_ENV = (("accessKeyIdKey", "AWS_ACCESS_KEY_ID"), ("secretAccessKeyKey", "AWS_SECRET_ACCESS_KEY"),
-          ("sessionTokenKey", "AWS_SESSION_TOKEN"))
 # AWS SDK v2 providers (Hadoop 3.4+): the env vars from the Secret, or the pod's identity (web identity
 # token / IRSA, container or instance profile) through the SDK's default chain.
 S3_PROVIDER_ENV = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
@@ -66,23 +63,6 @@ HISTORY_LIMIT = 3
 
 DRIVER_DEFAULTS: dict[str, Any] = {"cores": 1, "memory": "1g"}
 EXECUTOR_DEFAULTS: dict[str, Any] = {"instances": 2, "cores": 1, "memory": "1g"}
-
-
-def _get(data: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
-    node: Any = data
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or node.get(part) is None:
-            return default
-        node = node[part]
-    return node
-
-
-def _advisory_cluster(spec: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The side (`target` by default) whose cluster holds the advisories."""
-    side = _get(spec, "advisory.cluster", "target")
-    if side not in ("source", "target"):
-        raise SpecError(f"spec.advisory.cluster must be source or target, not {side!r}")
-    return dict(spec.get(side) or {})
 
 
 def _security() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -105,16 +85,17 @@ def _security() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _pod(
-    settings: Mapping[str, Any],
+    settings: Driver | Executor | None,
     defaults: Mapping[str, Any],
     labels: dict[str, str],
     secrets: list[dict[str, str]],
     env: list[dict[str, Any]],
 ) -> dict[str, Any]:
     pod_security, container_security = _security()
+    chosen = settings.model_dump(exclude_none=True) if settings is not None else {}
     pod: dict[str, Any] = {
         **defaults,
-        **{k: settings[k] for k in defaults if settings.get(k) is not None},
+        **{k: chosen[k] for k in defaults if k in chosen},
         "labels": dict(labels),
         "podSecurityContext": pod_security,
         "securityContext": container_security,
@@ -127,28 +108,23 @@ def _pod(
 
 
 def _nats_files(
-    cluster: Mapping[str, Any], tls_keys: Mapping[str, Collection[str]] | None
+    cluster: Endpoint, tls_keys: Mapping[str, Collection[str]] | None
 ) -> tuple[list[str], list[dict[str, str]]]:
     """The job's NATS file arguments and the Secrets (name, mount path) that hold those files."""
     arguments: list[str] = []
     secrets: list[dict[str, str]] = []
-    secret_ref: Mapping[str, Any] = cluster.get("credentialsSecret") or {}
-    basic: Mapping[str, Any] = cluster.get("basicAuthSecret") or {}
-    if secret_ref and basic:
-        raise SpecError("the advisory cluster's credentialsSecret and basicAuthSecret exclude each other: "
-                        "one way to authenticate")
-    if secret_ref.get("name"):
-        key = secret_ref.get("key") or DEFAULT_CREDENTIALS_KEY
-        arguments += ["--credentials", f"{CREDENTIALS_DIR}/{key}"]
-        secrets.append({"name": str(secret_ref["name"]), "path": CREDENTIALS_DIR, "secretType": "Generic"})
-    if basic.get("name"):  # the whole Secret is mounted; the job reads the two keys at each connect
-        user = basic.get("usernameKey") or DEFAULT_USERNAME_KEY
-        password = basic.get("passwordKey") or DEFAULT_PASSWORD_KEY
-        arguments += ["--user-file", f"{BASIC_AUTH_DIR}/{user}", "--password-file", f"{BASIC_AUTH_DIR}/{password}"]
-        secrets.append({"name": str(basic["name"]), "path": BASIC_AUTH_DIR, "secretType": "Generic"})
-    tls_secret = cluster.get("tlsSecret")
+    if cluster.credentials_secret:
+        ref = cluster.credentials_secret
+        arguments += ["--credentials", f"{CREDENTIALS_DIR}/{ref.key}"]
+        secrets.append({"name": ref.name, "path": CREDENTIALS_DIR, "secretType": "Generic"})
+    if cluster.basic_auth_secret:  # the whole Secret is mounted; the job reads the two keys at each connect
+        basic = cluster.basic_auth_secret
+        arguments += ["--user-file", f"{BASIC_AUTH_DIR}/{basic.username_key}",
+                      "--password-file", f"{BASIC_AUTH_DIR}/{basic.password_key}"]
+        secrets.append({"name": basic.name, "path": BASIC_AUTH_DIR, "secretType": "Generic"})
+    tls_secret = cluster.tls_secret
     if tls_secret:
-        keys = (tls_keys or {}).get(str(tls_secret), [k for k, _ in TLS_FILES])
+        keys = (tls_keys or {}).get(tls_secret, [k for k, _ in TLS_FILES])
         present = {k for k, _ in TLS_FILES if k in keys}
         if "tls.crt" not in present or "tls.key" not in present:  # as the workers: a pair or nothing
             present -= {"tls.crt", "tls.key"}
@@ -156,31 +132,31 @@ def _nats_files(
         for key, flag in TLS_FILES:
             if key in present:
                 arguments += [flag, f"{TLS_DIR}/{key}"]
-        secrets.append({"name": str(tls_secret), "path": TLS_DIR, "secretType": "Generic"})
+        secrets.append({"name": tls_secret, "path": TLS_DIR, "secretType": "Generic"})
     return arguments, secrets
 
 
-def _storage(fleet: Mapping[str, Any], output: str) -> tuple[list[str], dict[str, str], list[dict[str, Any]]]:
+def _storage(fleet: FleetHealth) -> tuple[list[str], dict[str, str], list[dict[str, Any]]]:
     """Packages, Hadoop settings and env the output's file system needs; SpecError when it cannot work."""
-    packages = [str(p) for p in fleet.get("packages") or []]
+    output = fleet.output
+    packages = list(fleet.packages or [])
     scheme = urlsplit(output).scheme.lower() if "://" in output else ""
     hadoop: dict[str, str] = {}
     env: list[dict[str, Any]] = []
-    s3: Mapping[str, Any] = fleet.get("s3") or {}
-    if s3 and scheme != "s3a":
+    if fleet.s3 and scheme != "s3a":
         raise SpecError(f"spec.fleetHealth.s3 is for an s3a:// output, not {output!r}")
     if scheme in ("s3", "s3n"):
         raise SpecError(f"spec.fleetHealth.output {output!r}: write s3a://, Hadoop's S3 file system")
     if scheme == "s3a":
         if not any(":hadoop-aws:" in p for p in packages):
             packages.append(HADOOP_AWS)
-        ref: Mapping[str, Any] = s3.get("credentialsSecret") or {}
-        if ref.get("name"):
-            for role, variable in S3_ENV:
-                key = ref.get(role) or (None if role == "sessionTokenKey" else variable)
+        ref = fleet.s3.credentials_secret if fleet.s3 else None
+        if ref is not None:
+            for key, variable in ((ref.access_key_id_key, "AWS_ACCESS_KEY_ID"),
+                                  (ref.secret_access_key_key, "AWS_SECRET_ACCESS_KEY"),
+                                  (ref.session_token_key, "AWS_SESSION_TOKEN")):
                 if key:
-                    env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": str(ref["name"]),
-                                                                                 "key": str(key)}}})
+                    env.append({"name": variable, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": key}}})
         hadoop["fs.s3a.aws.credentials.provider"] = S3_PROVIDER_ENV if env else S3_PROVIDER_DEFAULT
     elif scheme in CONNECTORS:
         artifact, example = CONNECTORS[scheme]
@@ -197,80 +173,69 @@ def _storage(fleet: Mapping[str, Any], output: str) -> tuple[list[str], dict[str
     return packages, hadoop, env
 
 
-def _source_of_advisories(fleet: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+def _source_of_advisories(fleet: FleetHealth, spec: ReplicationSpec) -> list[str]:
     """`--stream` when named; otherwise the job finds the stream that stores the advisory subject."""
-    if fleet.get("stream"):
-        return ["--stream", str(fleet["stream"])]
-    subject = _get(spec, "advisory.subject")
-    if not subject:
+    if fleet.stream:
+        return ["--stream", fleet.stream]
+    if not spec.advisory:
         raise SpecError("spec.fleetHealth.stream is required when spec.advisory.subject is not set")
-    return ["--subject", str(subject)]
+    return ["--subject", spec.advisory.subject]
 
 
 def build_scheduled_spark_application(
-    resource: Mapping[str, Any], tls_keys: Mapping[str, Collection[str]] | None = None
+    spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]] | None = None, image: str | None = None
 ) -> dict[str, Any]:
     """The `<name>-fleet-health` ScheduledSparkApplication for a StreamReplication with `spec.fleetHealth`;
-    `tls_keys` maps a TLS Secret's name to the keys it holds (all three when unknown)."""
-    meta = resource.get("metadata") or {}
-    name = meta.get("name")
-    if not name:
-        raise SpecError("metadata.name is required")
-    spec: Mapping[str, Any] = resource.get("spec") or {}
-    fleet: Mapping[str, Any] = spec.get("fleetHealth") or {}
-    if not fleet:
+    `tls_keys` maps a TLS Secret's name to the keys it holds (all three when unknown); `image`: the
+    Spark image when the spec names none (default `DEFAULT_IMAGE`)."""
+    fleet = spec.fleet_health
+    if fleet is None:
         raise SpecError("spec.fleetHealth is not set")
-    output = fleet.get("output")
-    if not output:
+    if not fleet.output:
         raise SpecError("spec.fleetHealth.output is required: where the Parquet tables go (path or s3a:// URI)")
-
-    cluster = _advisory_cluster(spec)
-    url = fleet.get("url") or cluster.get("url")
-    if not url:
-        raise SpecError("spec.fleetHealth.url is required when the advisory cluster has no url")
-    driver_settings: Mapping[str, Any] = fleet.get("driver") or {}
-    executor_settings: Mapping[str, Any] = fleet.get("executor") or {}
-    instances = int(executor_settings.get("instances") or EXECUTOR_DEFAULTS["instances"])
-    cores = int(executor_settings.get("cores") or EXECUTOR_DEFAULTS["cores"])
+    cluster = spec.endpoint(spec.advisory.cluster if spec.advisory else "target")
+    url = fleet.url or cluster.url
+    instances = (fleet.executor.instances if fleet.executor else None) or EXECUTOR_DEFAULTS["instances"]
+    cores = (fleet.executor.cores if fleet.executor else None) or EXECUTOR_DEFAULTS["cores"]
 
     arguments = [
         "--url",
-        str(url),
+        url,
         *_source_of_advisories(fleet, spec),
         "--output",
-        str(output),
+        fleet.output,
         "--kv-bucket",
-        str(fleet.get("kvBucket") or DEFAULT_BUCKET),
+        fleet.kv_bucket or DEFAULT_BUCKET,
         # One stream slice per executor core: the read is the part that scales.
         "--partitions",
         str(instances * cores),
     ]
     nats_arguments, secrets = _nats_files(cluster, tls_keys)
-    if cluster.get("basicAuthSecret") and url_userinfo(str(url)):
+    if cluster.basic_auth_secret and url_userinfo(url):
         raise SpecError("spec.fleetHealth.url carries credentials and the advisory cluster has a basicAuthSecret: "
                         "one way to authenticate (drop them from the URL)")
     arguments += nats_arguments
-    packages, storage_hadoop, env = _storage(fleet, str(output))
+    packages, storage_hadoop, env = _storage(fleet)
 
-    app_name = f"{name}-fleet-health"
+    name = spec.resource_name
     labels = {
         "app.kubernetes.io/name": "stream-replicator",
-        "app.kubernetes.io/instance": str(name),
+        "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": "fleet-health",
     }
-    driver = _pod(driver_settings, DRIVER_DEFAULTS, labels, secrets, env)
-    driver["serviceAccount"] = fleet.get("serviceAccount") or DEFAULT_SERVICE_ACCOUNT
-    executor = _pod(executor_settings, EXECUTOR_DEFAULTS, labels, secrets, env)
+    driver = _pod(fleet.driver, DRIVER_DEFAULTS, labels, secrets, env)
+    driver["serviceAccount"] = fleet.service_account or DEFAULT_SERVICE_ACCOUNT
+    executor = _pod(fleet.executor, EXECUTOR_DEFAULTS, labels, secrets, env)
 
     template: dict[str, Any] = {
         "type": "Python",
         "pythonVersion": "3",
         "mode": "cluster",
-        "image": fleet.get("image") or DEFAULT_IMAGE,
+        "image": fleet.image or image or DEFAULT_IMAGE,
         "imagePullPolicy": "IfNotPresent",
         "mainApplicationFile": MAIN_APPLICATION_FILE,
         "arguments": arguments,
-        "sparkVersion": str(fleet.get("sparkVersion") or DEFAULT_SPARK_VERSION),
+        "sparkVersion": fleet.spark_version or DEFAULT_SPARK_VERSION,
         "restartPolicy": {
             "type": "OnFailure",
             "onFailureRetries": 2,
@@ -284,29 +249,29 @@ def build_scheduled_spark_application(
     if packages:
         template["deps"] = {"packages": packages}
     spark_conf = {"spark.jars.ivy": IVY_DIR} if packages else {}
-    spark_conf.update({str(k): str(v) for k, v in (fleet.get("sparkConf") or {}).items()})
-    hadoop_conf = {**storage_hadoop, **{str(k): str(v) for k, v in (fleet.get("hadoopConf") or {}).items()}}
+    spark_conf.update(fleet.spark_conf or {})
+    hadoop_conf = {**storage_hadoop, **(fleet.hadoop_conf or {})}
     if spark_conf:
         template["sparkConf"] = spark_conf
     if hadoop_conf:  # the resource's own settings (fs.s3a.endpoint, ...) win
         template["hadoopConf"] = hadoop_conf
 
     app_spec: dict[str, Any] = {
-        "schedule": str(fleet.get("schedule") or DEFAULT_SCHEDULE),
-        "suspend": bool(fleet.get("suspend", False)),
+        "schedule": fleet.schedule or DEFAULT_SCHEDULE,
+        "suspend": fleet.suspend,
         "concurrencyPolicy": "Forbid",
         "successfulRunHistoryLimit": HISTORY_LIMIT,
         "failedRunHistoryLimit": HISTORY_LIMIT,
         "template": template,
     }
-    if fleet.get("timeZone"):
-        app_spec["timeZone"] = str(fleet["timeZone"])
+    if fleet.time_zone:
+        app_spec["timeZone"] = fleet.time_zone
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {
-            "name": app_name,
-            "namespace": meta.get("namespace") or "default",
+            "name": f"{name}-fleet-health",
+            "namespace": spec.namespace,
             "labels": copy.deepcopy(labels),
         },
         "spec": app_spec,

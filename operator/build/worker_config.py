@@ -1,24 +1,30 @@
-"""The worker's YAML config (the format of `replicator/config.py`) built from a StreamReplication.
+"""The worker's config (the format `replicator/config/model.py` reads) built from a StreamReplication.
 
 The config is the whole contract between operator and worker: everything a pod needs, apart from
-its own identity (`SR_INSTANCE`, from the downward API), is in it. It is rendered with sorted keys
-so that its hash only changes when its meaning does; that hash rolls the pods.
+its own identity (`SR_INSTANCE`, from the downward API), is in it. It is built from the typed spec
+and checked by the worker's own model (`replicator.config.Config`) as it is built, so a config the
+worker would refuse is an InvalidSpec here, naming the key. The ConfigMap carries the spec's own
+spellings (`age: 5m`, not the seconds the model reads), rendered with sorted keys, so that its
+hash only changes when the spec does; that hash rolls the pods.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
+
 from replication_operator.model import naming
 from replication_operator.model.spec import TLS_CA, TLS_CERT, TLS_KEY, ReplicationSpec, Side, SpecError
 
 from replicator.config import Config
 
 ALL_TLS_KEYS = frozenset({TLS_CA, TLS_CERT, TLS_KEY})
+SIDES: tuple[Side, Side] = ("source", "target")
 
 
 def credentials_dir(side: Side) -> str:
@@ -33,46 +39,50 @@ def basic_auth_dir(side: Side) -> str:
     return f"{naming.SECRETS_DIR}/{side}-basic-auth"
 
 
-def credentials_path(spec: ReplicationSpec, side: Side) -> str | None:
-    ref = spec.endpoint(side).credentials
-    return f"{credentials_dir(side)}/{ref.key}" if ref else None
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The config as the worker's model reads it (`model`) and as the ConfigMap carries it (`text`)."""
+
+    model: Config
+    text: str
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
 
 
-def basic_auth_paths(spec: ReplicationSpec, side: Side) -> tuple[str, str] | None:
-    """The mounted user name and password files: paths in the config, the values only in the pod."""
-    ref = spec.endpoint(side).basic_auth
-    if ref is None:
-        return None
-    return f"{basic_auth_dir(side)}/{ref.username_key}", f"{basic_auth_dir(side)}/{ref.password_key}"
+def connection_files(spec: ReplicationSpec, side: Side, keys: Collection[str]) -> dict[str, Any]:
+    """One side's mounted files, by the config's keys without the side's prefix: a `.creds` file, a user
+    name and password file, and `scheme: manual` TLS naming only the files the Secret really has."""
+    endpoint = spec.endpoint(side)
+    files: dict[str, Any] = {}
+    if endpoint.credentials_secret:
+        files["credentials"] = f"{credentials_dir(side)}/{endpoint.credentials_secret.key}"
+    if endpoint.basic_auth_secret:
+        ref = endpoint.basic_auth_secret
+        files["user_file"] = f"{basic_auth_dir(side)}/{ref.username_key}"
+        files["password_file"] = f"{basic_auth_dir(side)}/{ref.password_key}"
+    if endpoint.tls_secret:
+        base = tls_dir(side)
+        tls: dict[str, str] = {"scheme": "manual"}
+        if TLS_CA in keys:
+            tls["ca"] = f"{base}/{TLS_CA}"
+        if TLS_CERT in keys and TLS_KEY in keys:
+            tls["cert"] = f"{base}/{TLS_CERT}"
+            tls["key"] = f"{base}/{TLS_KEY}"
+        files["tls"] = tls
+    return files
 
 
-def tls_settings(spec: ReplicationSpec, side: Side, keys: Collection[str]) -> dict[str, str] | None:
-    """`scheme: manual` TLS for one side, naming only the files the Secret really has."""
-    secret = spec.endpoint(side).tls_secret
-    if not secret:
-        return None
-    base = tls_dir(side)
-    tls: dict[str, str] = {"scheme": "manual"}
-    if TLS_CA in keys:
-        tls["ca"] = f"{base}/{TLS_CA}"
-    if TLS_CERT in keys and TLS_KEY in keys:
-        tls["cert"] = f"{base}/{TLS_CERT}"
-        tls["key"] = f"{base}/{TLS_KEY}"
-    return tls
-
-
-def build_worker_config(
-    spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]] | None = None, resume_after: int | None = None
-) -> dict[str, Any]:
-    """The config dict; `tls_keys` maps a TLS Secret's name to the keys it holds (all three if unknown);
-    `resume_after`: the last source sequence the native engine delivered before the replicator took over."""
+def _topic(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]], resume_after: int | None) -> dict[str, Any]:
+    """The worker's topic settings, each key of `replicator.config.TopicConfig`."""
     topic: dict[str, Any] = {
         "topic": spec.topic,
         "source_url": spec.source.url,
         "target_url": spec.target.url,
-        "name": spec.name,
+        "name": spec.replicator_name,
         "target_create": spec.target.create,
-        "monitor": spec.monitoring_port,
+        "monitor": spec.monitoring.port,
     }
     optional = {
         "source_stream": spec.source.stream,
@@ -84,25 +94,21 @@ def build_worker_config(
         "dead_letter": spec.dead_letter,
     }
     topic.update({k: v for k, v in optional.items() if v is not None})
-
     if spec.ordered:
-        topic["workers"] = 1
-        topic["queued"] = False
+        topic.update(workers=1, queued=False)
         if spec.leader_election:
             topic["leader_election"] = True
     else:
-        topic["workers"] = spec.workers_per_pod
-        topic["queued"] = True
-        topic["queue_group"] = spec.queue_group
+        topic.update(workers=spec.workers_per_pod, queued=True, queue_group=spec.group_name)
 
     start = spec.start
-    if "sequence" in start:
-        topic["start_sequence"] = int(start["sequence"])
-    elif "time" in start:
-        topic["start_time"] = str(start["time"])
-    elif "delta" in start:
-        topic["start_delta"] = str(start["delta"])
-    elif start.get("atEnd"):
+    if start is not None and start.sequence is not None:
+        topic["start_sequence"] = start.sequence
+    elif start is not None and start.time is not None:
+        topic["start_time"] = start.time
+    elif start is not None and start.delta is not None:
+        topic["start_delta"] = start.delta
+    elif start is not None and start.at_end:
         topic["start_at_end"] = True
     if resume_after:
         topic["resume_after"] = int(resume_after)
@@ -125,65 +131,46 @@ def build_worker_config(
             advisory["age"] = spec.advisory.age
         topic["advisory"] = advisory
 
-    sides: tuple[Side, Side] = ("source", "target")
-    for side in sides:
-        creds = credentials_path(spec, side)
-        if creds:
-            topic[f"{side}_credentials"] = creds
-        basic = basic_auth_paths(spec, side)
-        if basic:
-            topic[f"{side}_user_file"], topic[f"{side}_password_file"] = basic
-        secret = spec.endpoint(side).tls_secret
-        keys = (tls_keys or {}).get(secret or "", ALL_TLS_KEYS)
-        tls = tls_settings(spec, side, keys)
-        if tls:
-            topic[f"{side}_tls"] = tls
-
-    config: dict[str, Any] = {
-        "log_format": "json",
-        "state_dir": naming.STATE_DIR,
-        "topics": {naming.profile(spec.resource_name): topic},
-    }
-    if spec.heartbeats:
-        config["name"] = spec.name  # every pod's heartbeat election key: SR_<name>_HB
-        config["heartbeats"] = heartbeats_settings(spec, topic)
-    return config
+    for side in SIDES:
+        keys = tls_keys.get(spec.endpoint(side).tls_secret or "", ALL_TLS_KEYS)
+        topic.update({f"{side}_{k}": v for k, v in connection_files(spec, side, keys).items()})
+    return topic
 
 
-def heartbeats_settings(spec: ReplicationSpec, topic: Mapping[str, Any]) -> dict[str, Any]:
+def _heartbeats(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]]) -> dict[str, Any]:
     """The worker's `heartbeats`, published with the chosen side's URL, credentials and TLS files."""
     hb = spec.heartbeats
     assert hb is not None
     side = hb.cluster
     election = hb.leader_election if hb.leader_election is not None else spec.replicas > 1
-    out: dict[str, Any] = {
+    keys = tls_keys.get(spec.endpoint(side).tls_secret or "", ALL_TLS_KEYS)
+    return {
         "url": spec.endpoint(side).url,
         "interval": hb.interval,
         "leader_election": election,
         "headers": dict(hb.headers),
         "subjects": [{"subject": s.subject, "headers": dict(s.headers), **({"interval": s.interval} if s.interval
                                                                             else {})} for s in hb.subjects],
+        **connection_files(spec, side, keys),
     }
-    for key in ("credentials", "user_file", "password_file"):
-        if f"{side}_{key}" in topic:
-            out[key] = topic[f"{side}_{key}"]
-    if f"{side}_tls" in topic:
-        out["tls"] = topic[f"{side}_tls"]
-    return out
 
 
-def render(config: Mapping[str, Any]) -> str:
-    return yaml.safe_dump(dict(config), sort_keys=True, default_flow_style=False)
-
-
-def config_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def validate(config: Mapping[str, Any]) -> None:
-    """The worker's own model accepts it (file checks aside: the files exist only in the pod)."""
+def build_worker_config(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]] | None = None,
+                        resume_after: int | None = None) -> WorkerConfig:
+    """`tls_keys` maps a TLS Secret's name to the keys it holds (all three if unknown); `resume_after`:
+    the last source sequence the native engine delivered before the replicator took over. Raises
+    SpecError when the worker's model refuses the config (file checks aside: the files exist only
+    in the pod)."""
+    document: dict[str, Any] = {
+        "log_format": "json",
+        "state_dir": naming.STATE_DIR,
+        "topics": {naming.profile(spec.resource_name): _topic(spec, tls_keys or {}, resume_after)},
+    }
+    if spec.heartbeats:
+        document["name"] = spec.replicator_name  # every pod's heartbeat election key: SR_<name>_HB
+        document["heartbeats"] = _heartbeats(spec, tls_keys or {})
     try:
-        Config.model_validate(dict(config))
+        model = Config.model_validate(document)
     except ValidationError as err:
         problems = []
         for e in err.errors():
@@ -191,3 +178,4 @@ def validate(config: Mapping[str, Any]) -> None:
             msg = str(e["msg"]).removeprefix("Value error, ")
             problems.append(f"{loc}: {msg}")
         raise SpecError("the worker config would be invalid: " + "; ".join(problems)) from None
+    return WorkerConfig(model, yaml.safe_dump(document, sort_keys=True, default_flow_style=False))

@@ -53,15 +53,21 @@ def _secret_volumes(spec: ReplicationSpec) -> tuple[list[dict[str, Any]], list[d
     sides: tuple[Side, Side] = ("source", "target")
     for side in sides:
         endpoint = spec.endpoint(side)
-        if endpoint.credentials:
-            mount(side, "credentials", endpoint.credentials.name, worker_config.credentials_dir(side),
-                  [endpoint.credentials.key])
-        if endpoint.basic_auth:
-            mount(side, "basic-auth", endpoint.basic_auth.name, worker_config.basic_auth_dir(side),
-                  list(endpoint.basic_auth.keys))
+        if endpoint.credentials_secret:
+            mount(side, "credentials", endpoint.credentials_secret.name, worker_config.credentials_dir(side),
+                  [endpoint.credentials_secret.key])
+        if endpoint.basic_auth_secret:
+            mount(side, "basic-auth", endpoint.basic_auth_secret.name, worker_config.basic_auth_dir(side),
+                  list(endpoint.basic_auth_secret.keys))
         if endpoint.tls_secret:
             mount(side, "tls", endpoint.tls_secret, worker_config.tls_dir(side))
     return volumes, mounts
+
+
+def _resources(spec: ReplicationSpec) -> dict[str, Any]:
+    """The spec's container resources as it gives them, else ours."""
+    given = spec.resources.model_dump(by_alias=True, exclude_unset=True) if spec.resources else None
+    return given or copy.deepcopy(DEFAULT_RESOURCES)
 
 
 def _strategy(spec: ReplicationSpec) -> dict[str, Any]:
@@ -74,7 +80,7 @@ def _strategy(spec: ReplicationSpec) -> dict[str, Any]:
 
 def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str) -> dict[str, Any]:
     name = spec.resource_name
-    port = spec.monitoring_port
+    port = spec.monitoring.port
     secret_volumes, secret_mounts = _secret_volumes(spec)
     probe = {"httpGet": {"path": "/healthz", "port": naming.METRICS_PORT_NAME}}
     container: dict[str, Any] = {
@@ -96,7 +102,7 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
             "failureThreshold": 2,
             "timeoutSeconds": 2,
         },
-        "resources": copy.deepcopy(spec.resources) if spec.resources else copy.deepcopy(DEFAULT_RESOURCES),
+        "resources": _resources(spec),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -143,7 +149,7 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
-        pod_spec["tolerations"] = copy.deepcopy(spec.tolerations)
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_unset=True) for t in spec.tolerations]
     if spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(spec.affinity)
     return {
@@ -198,7 +204,7 @@ def build_service(spec: ReplicationSpec) -> dict[str, Any]:
             "selector": naming.selector_labels(spec.resource_name),
             "ports": [{
                 "name": naming.METRICS_PORT_NAME,
-                "port": spec.monitoring_port,
+                "port": spec.monitoring.port,
                 "targetPort": naming.METRICS_PORT_NAME,
                 "protocol": "TCP",
             }],
@@ -220,10 +226,11 @@ def build_pdb(spec: ReplicationSpec) -> dict[str, Any]:
 
 def build_service_monitor(spec: ReplicationSpec) -> dict[str, Any]:
     meta = _meta(spec, naming.service_monitor_name(spec.resource_name), "metrics")
-    meta["labels"] = {**spec.service_monitor.labels, **meta["labels"]}
+    monitor = spec.monitoring.service_monitor
+    meta["labels"] = {**monitor.labels, **meta["labels"]}
     endpoint: dict[str, Any] = {"port": naming.METRICS_PORT_NAME, "path": "/metrics", "scheme": "http"}
-    if spec.service_monitor.interval:
-        endpoint["interval"] = spec.service_monitor.interval
+    if monitor.interval:
+        endpoint["interval"] = monitor.interval
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",

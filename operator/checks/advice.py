@@ -18,7 +18,7 @@ PASSWORD_IN_URL = "PasswordInURL"
 
 def advise(spec: ReplicationSpec) -> list[tuple[str, str]]:
     """A `PasswordInURL` warning for each URL of the spec that carries `user:password@`."""
-    urls = [(f"spec.{e.side}.url", e.url, e.side) for e in (spec.source, spec.target)]
+    urls = [(f"spec.{e.side}.url", e.url, str(e.side)) for e in (spec.source, spec.target)]
     if spec.fleet_health and spec.fleet_health.url and spec.advisory:
         urls.append(("spec.fleetHealth.url", spec.fleet_health.url, spec.advisory.cluster))
     return [

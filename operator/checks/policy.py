@@ -163,9 +163,9 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
     """Everything the spec chooses that the policy does not allow, apart from Secrets (see
     `secret_violations`: their labels live in the API)."""
     found: list[Violation] = []
-    fleet: Mapping[str, Any] = spec.fleet_health.raw if spec.fleet_health else {}
+    fleet = spec.fleet_health
 
-    for field, image in (("spec.image", spec.image), ("spec.fleetHealth.image", fleet.get("image"))):
+    for field, image in (("spec.image", spec.image), ("spec.fleetHealth.image", fleet and fleet.image)):
         if image and not image_allowed(policy, str(image)):
             found.append(Violation(IMAGE_NOT_ALLOWED, (
                 f'{field} "{image}" is not an allowed image (allowed: '
@@ -173,7 +173,7 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
 
     accounts = (
         ("spec.serviceAccountName", spec.service_account_name, ()),
-        ("spec.fleetHealth.serviceAccount", fleet.get("serviceAccount"), policy.own_service_accounts),
+        ("spec.fleetHealth.serviceAccount", fleet and fleet.service_account, policy.own_service_accounts),
     )
     for field, account, own in accounts:
         if account and not service_account_allowed(policy, spec.namespace, str(account), own):
@@ -182,8 +182,8 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
                 f"{_allowed(['none named', *own], policy.service_accounts)}; set by --allow-service-account)")))
 
     urls = [("spec.source.url", spec.source.url), ("spec.target.url", spec.target.url)]
-    if spec.fleet_health and spec.fleet_health.url:
-        urls.append(("spec.fleetHealth.url", spec.fleet_health.url))
+    if fleet and fleet.url:
+        urls.append(("spec.fleetHealth.url", fleet.url))
     for field, url in urls:
         for host in dict.fromkeys(hosts_of(url)):
             if not host_allowed(policy, host):
@@ -191,13 +191,13 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
                     f'{field}: host "{host}" is not an allowed NATS host (allowed: '
                     f"{_list(policy.nats_hosts)}; set by --allow-nats-host)")))
 
-    for key in sorted(fleet.get("sparkConf") or {}):
+    for key in sorted((fleet and fleet.spark_conf) or {}):
         if not _matches(str(key), policy.spark_conf):
             found.append(Violation(SPARK_CONF_NOT_ALLOWED, (
                 f'spec.fleetHealth.sparkConf "{key}" is not an allowed Spark setting (allowed: '
                 f"{_list(policy.spark_conf)}; set by --allow-spark-conf)")))
 
-    for package in fleet.get("packages") or []:
+    for package in (fleet and fleet.packages) or []:
         if not _matches(str(package), policy.spark_packages):
             found.append(Violation(SPARK_PACKAGE_NOT_ALLOWED, (
                 f'spec.fleetHealth.packages "{package}" is not an allowed Spark package (allowed: '

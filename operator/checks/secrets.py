@@ -20,7 +20,7 @@ from replication_operator.checks.certificates import secret_certificates
 from replication_operator.kube import APIError, KubeApi, error_text
 from replication_operator.model import naming
 from replication_operator.model import status as st
-from replication_operator.model.spec import DEFAULTS, Endpoint, ReplicationSpec, Side
+from replication_operator.model.spec import Endpoint, ReplicationSpec, Side
 from replication_operator.nats import connection
 
 SecretCheck = tuple[list[st.Problem], dict[str, frozenset[str]], list[st.MountedCertificate]]
@@ -41,18 +41,19 @@ def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
     sides: tuple[Side, Side] = ("source", "target")
     for side in sides:
         endpoint = spec.endpoint(side)
-        if endpoint.credentials:
-            needs.append(SecretNeed(side, endpoint.credentials.name, endpoint.credentials.key))
-        if endpoint.basic_auth:
-            needs += [SecretNeed(side, endpoint.basic_auth.name, key) for key in endpoint.basic_auth.keys]
+        if endpoint.credentials_secret:
+            needs.append(SecretNeed(side, endpoint.credentials_secret.name, endpoint.credentials_secret.key))
+        if endpoint.basic_auth_secret:
+            ref = endpoint.basic_auth_secret
+            needs += [SecretNeed(side, ref.name, key) for key in ref.keys]
         if endpoint.tls_secret:
             needs.append(SecretNeed(side, endpoint.tls_secret, None))
-    s3 = (spec.fleet_health.raw.get("s3") or {}).get("credentialsSecret") if spec.fleet_health else None
-    if s3 and s3.get("name"):  # the Spark pods take the S3 key pair from it (env)
-        for role in ("accessKeyIdKey", "secretAccessKeyKey", "sessionTokenKey"):
-            key = s3.get(role) or DEFAULTS.get(f"fleetHealth.s3.credentialsSecret.{role}")
+    fleet = spec.fleet_health
+    s3 = fleet.s3.credentials_secret if fleet and fleet.s3 else None
+    if s3 is not None:  # the Spark pods take the S3 key pair from it (env)
+        for key in (s3.access_key_id_key, s3.secret_access_key_key, s3.session_token_key):
             if key:
-                needs.append(SecretNeed("fleetHealth", str(s3["name"]), str(key)))
+                needs.append(SecretNeed("fleetHealth", s3.name, key))
     return needs
 
 

@@ -9,7 +9,6 @@ made once per spec generation (a flaky link does not flip engines back and forth
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +55,8 @@ def route(spec: ReplicationSpec) -> Route | None:
     return None
 
 
-def replicator_only(spec: ReplicationSpec, raw_spec: Mapping[str, Any] | None = None) -> list[str]:
+def replicator_only(spec: ReplicationSpec) -> list[str]:
     """What the spec asks for that a NATS stream source cannot do (field: why)."""
-    raw = raw_spec or {}
     found = []
     if spec.sampling:
         found.append("spec.sampling (a stream source copies every message)")
@@ -70,7 +68,7 @@ def replicator_only(spec: ReplicationSpec, raw_spec: Mapping[str, Any] | None = 
         found.append("spec.maxAge (a stream source cannot skip old messages)")
     if spec.dead_letter:
         found.append("spec.deadLetter (a stream source has no dead-letter subject)")
-    if raw.get("heartbeats"):
+    if spec.heartbeats:
         found.append("spec.heartbeats (the replicator publishes them)")
     if subject_mapping(spec) is None:
         found.append("spec.target.subjectRemove with a wildcard topic (the replicator removes text anywhere "
@@ -78,11 +76,11 @@ def replicator_only(spec: ReplicationSpec, raw_spec: Mapping[str, Any] | None = 
     return found
 
 
-def before_probe(spec: ReplicationSpec, raw_spec: Mapping[str, Any] | None = None) -> Choice | None:
+def before_probe(spec: ReplicationSpec) -> Choice | None:
     """The choice when it needs no probe; None: probe the source from the target first."""
     if spec.engine == REPLICATOR:
         return Choice(REPLICATOR, REQUESTED, "spec.engine is replicator")
-    obstacles = replicator_only(spec, raw_spec)
+    obstacles = replicator_only(spec)
     path = route(spec)
     if spec.engine == NATIVE:
         if obstacles:

@@ -110,13 +110,13 @@ def spec_start(spec: ReplicationSpec, now: dt.datetime, source_last_seq: int) ->
     """`spec.start` resolved once, when the entry is first written (the operator records it):
     `delta` becomes a time, `atEnd` the sequence after the source's last."""
     start = spec.start
-    if "sequence" in start:
-        return Start(sequence=int(start["sequence"]))
-    if "time" in start:
-        return Start(time=_rfc3339(dt.datetime.fromisoformat(str(start["time"]).replace("Z", "+00:00"))))
-    if "delta" in start:
-        return Start(time=_rfc3339(now - dt.timedelta(seconds=parse_duration(str(start["delta"])))))
-    if start.get("atEnd"):
+    if start is not None and start.sequence is not None:
+        return Start(sequence=start.sequence)
+    if start is not None and start.time is not None:
+        return Start(time=_rfc3339(dt.datetime.fromisoformat(start.time.replace("Z", "+00:00"))))
+    if start is not None and start.delta is not None:
+        return Start(time=_rfc3339(now - dt.timedelta(seconds=parse_duration(start.delta))))
+    if start is not None and start.at_end:
         return Start(sequence=source_last_seq + 1)
     return Start(sequence=1)  # explicit: without it the server may start at the target's last time
 

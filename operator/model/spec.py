@@ -1,43 +1,34 @@
-"""A typed, defaulted view of a StreamReplication's spec.
+"""A StreamReplication's spec as typed models: the one definition the CRD's schema is generated from
+(model/crd.py), the operator reads every resource through (`parse_spec`), and the builders use.
 
 The API server applies the CRD's defaults, but objects written before a default existed (and the
-test emulator) may lack them, so the builders read the spec through this view only. `DEFAULTS`
-mirrors the CRD's `default:` values; a test keeps the two equal.
+test emulator) may lack them: the models carry the same defaults, so both read alike. Field
+descriptions are what `kubectl explain streamreplication.spec...` shows; model/fields.py says which
+rules the models check themselves and which only the API server does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
 from replication_operator.model import naming
+from replication_operator.model.fields import (
+    DURATION,
+    JETSTREAM_NAME,
+    LITERAL_SUBJECT,
+    NATS_URLS,
+    Model,
+    duration_field,
+    field,
+    key_field,
+    name_field,
+)
+from replication_operator.model.fleet_health import FleetHealth
+from replication_operator.model.pods import Monitoring, Resources, Toleration
 
 from replicator.config.urls import url_options
-
-DEFAULTS: dict[str, Any] = {
-    "engine": "auto",
-    "mode": "ordered",
-    "replicas": 1,
-    "workersPerPod": 1,
-    "source.credentialsSecret.key": "user.creds",
-    "source.basicAuthSecret.usernameKey": "username",
-    "source.basicAuthSecret.passwordKey": "password",
-    "target.credentialsSecret.key": "user.creds",
-    "target.basicAuthSecret.usernameKey": "username",
-    "target.basicAuthSecret.passwordKey": "password",
-    "target.create": True,
-    "advisory.cluster": "target",
-    "heartbeats.cluster": "source",
-    "heartbeats.interval": "10s",
-    "fleetHealth.suspend": False,
-    "fleetHealth.kvBucket": "FLEET_HEALTH",
-    "fleetHealth.s3.credentialsSecret.accessKeyIdKey": "AWS_ACCESS_KEY_ID",
-    "fleetHealth.s3.credentialsSecret.secretAccessKeyKey": "AWS_SECRET_ACCESS_KEY",
-    "monitoring": {},
-    "monitoring.port": 8080,
-    "monitoring.serviceMonitor.enabled": False,
-}
 
 TLS_CA = "ca.crt"
 TLS_CERT = "tls.crt"
@@ -51,141 +42,342 @@ class SpecError(ValueError):
     """The spec cannot be turned into a worker config (the CRD schema normally prevents it)."""
 
 
-@dataclass(frozen=True)
-class SecretKeyRef:
-    name: str
-    key: str
+class SecretKeyRef(Model):
+    name: str = name_field("Name of the Secret, in the StreamReplication's namespace.")
+    key: str = key_field("Key of the .creds file in the Secret.", "user.creds")
 
 
-@dataclass(frozen=True)
-class BasicAuthRef:
+class BasicAuthRef(Model):
     """A user name and password in one Secret (the keys of a `kubernetes.io/basic-auth` Secret)."""
 
-    name: str
-    username_key: str = "username"
-    password_key: str = "password"
+    model_config = {"json_schema_extra": {"x-kubernetes-validations": [{
+        "rule": "self.usernameKey != self.passwordKey",
+        "message": "basicAuthSecret.usernameKey and basicAuthSecret.passwordKey must differ"}]}}
+
+    name: str = name_field("Name of the Secret, in the StreamReplication's namespace.")
+    username_key: str = key_field("Key of the user name in the Secret.", "username")
+    password_key: str = key_field("Key of the password in the Secret.", "password")
 
     @property
     def keys(self) -> tuple[str, str]:
         return self.username_key, self.password_key
 
 
-@dataclass(frozen=True)
-class Endpoint:
+ONE_WAY_RULES = [
+    {"rule": "!(has(self.credentialsSecret) && has(self.basicAuthSecret))",
+     "message": "credentialsSecret and basicAuthSecret exclude each other: one way to authenticate a side"},
+    {"rule": "!has(self.basicAuthSecret) || !self.url.contains('@')",
+     "message": "basicAuthSecret and credentials in the url (user:password@ or token@) exclude each other: one way "
+                "to authenticate a side"},
+]
+URL_DESCRIPTION = ("Comma-separated NATS URLs (nats://, tls://, ws://, wss://). A user:password written here is "
+                   "copied into the worker's ConfigMap: name a basicAuthSecret instead.")
+
+
+class Endpoint(Model):
     """One side of the replication: NATS URL, stream and the Secrets to reach it."""
 
-    side: Side
-    url: str
-    stream: str | None = None
-    credentials: SecretKeyRef | None = None
-    tls_secret: str | None = None
-    basic_auth: BasicAuthRef | None = None
+    side: ClassVar[Side]
+
+    url: str = field(URL_DESCRIPTION, maxLength=2048, pattern=NATS_URLS)
+    credentials_secret: SecretKeyRef | None = field("Secret holding a NATS credentials (.creds) file.", None)
+    basic_auth_secret: BasicAuthRef | None = field(
+        "Secret holding a NATS user name and password (the keys of a kubernetes.io/basic-auth Secret), mounted "
+        "into the pods and read at every (re)connect: the password stays out of the URL, the worker's ConfigMap "
+        "and the command lines. Excludes credentialsSecret.", None)
+    tls_secret: str | None = name_field(
+        "Secret with `ca.crt` and/or `tls.crt` + `tls.key` (a kubernetes.io/tls Secret works).", None)
 
     @property
     def secrets(self) -> list[str]:
         """The Secrets this side reads (credentials, user and password, TLS), each once."""
-        names = [self.credentials.name if self.credentials else None,
-                 self.basic_auth.name if self.basic_auth else None, self.tls_secret]
+        names = [self.credentials_secret.name if self.credentials_secret else None,
+                 self.basic_auth_secret.name if self.basic_auth_secret else None, self.tls_secret]
         return list(dict.fromkeys(n for n in names if n))
 
+    def auth_ways(self) -> list[str]:
+        """The ways this side authenticates, as the fields that give them: Secrets and what its URL carries."""
+        side = self.side
+        ways = [f"spec.{side}.{k}" for k, v in (("credentialsSecret", self.credentials_secret),
+                                                ("basicAuthSecret", self.basic_auth_secret)) if v]
+        try:
+            opts = url_options(self.url)
+        except ValueError:
+            return ways  # the worker config's validation names the URL's problem
+        if opts.userinfo:
+            ways.append(f"a {opts.userinfo} in spec.{side}.url")
+        ways += [f"?{k}= in spec.{side}.url" for k in ("credentials", "jwt") if getattr(opts, k)]
+        return ways
 
-@dataclass(frozen=True)
+    @model_validator(mode="after")
+    def _one_way_to_authenticate(self) -> Endpoint:
+        ways = self.auth_ways()
+        if len(ways) > 1:
+            raise ValueError(f"{' and '.join(ways)} exclude each other: one way to authenticate the {self.side}")
+        ref = self.basic_auth_secret
+        if ref is not None and ref.username_key == ref.password_key:
+            raise ValueError(f"spec.{self.side}.basicAuthSecret: usernameKey and passwordKey must differ, not both "
+                             f"{ref.username_key!r}")
+        return self
+
+
 class Source(Endpoint):
-    """How the *target* reaches the source's JetStream API (the native engine): a JetStream domain,
-    or an API prefix imported into the target's account (with its deliver prefix)."""
+    """How the replicator reads the source, and how the *target* reaches the source's JetStream API (the
+    native engine): a JetStream domain, or an API prefix imported into the target's account."""
 
-    domain: str | None = None
-    api_prefix: str | None = None
-    deliver_prefix: str | None = None
+    model_config = {"json_schema_extra": {"x-kubernetes-validations": [
+        {"rule": "!(has(self.domain) && has(self.apiPrefix))", "message": "source takes domain or apiPrefix, not both"},
+        {"rule": "!has(self.deliverPrefix) || has(self.apiPrefix)",
+         "message": "source.deliverPrefix needs source.apiPrefix"},
+        *ONE_WAY_RULES]}}
+    side: ClassVar[Side] = "source"
+
+    stream: str | None = field("Source JetStream stream; found by the topic when absent.", None,
+                               maxLength=255, pattern=JETSTREAM_NAME)
+    domain: str | None = field(
+        "JetStream domain of the source, as the target's servers reach it (a leafnode or gateway in the same "
+        "account): the native engine reads it through `$JS.<domain>.API`.", None,
+        maxLength=64, pattern=r"^[A-Za-z0-9_-]+$")
+    api_prefix: str | None = field(
+        "JetStream API prefix imported into the target's account from the source's (another account): the native "
+        "engine reads the source through it.", None, maxLength=255, pattern=LITERAL_SUBJECT)
+    deliver_prefix: str | None = field("Deliver prefix imported with apiPrefix (another account).", None,
+                                       maxLength=255, pattern=LITERAL_SUBJECT)
+
+    @model_validator(mode="after")
+    def _one_route(self) -> Source:
+        if self.domain and self.api_prefix:
+            raise ValueError("spec.source takes domain or apiPrefix, not both")
+        if self.deliver_prefix and not self.api_prefix:
+            raise ValueError("spec.source.deliverPrefix needs spec.source.apiPrefix")
+        return self
 
 
-@dataclass(frozen=True)
 class Target(Endpoint):
-    subject_prefix: str | None = None
-    subject_remove: str | None = None
-    create: bool = True
-    replicas: int | None = None  # of a target stream created (None: the source's)
+    """The cluster and stream the copies go to, and how a missing stream is created."""
+
+    model_config = {"json_schema_extra": {"x-kubernetes-validations": ONE_WAY_RULES}}
+    side: ClassVar[Side] = "target"
+
+    stream: str | None = field("Target JetStream stream; defaults to the source stream's name.", None,
+                               maxLength=255, pattern=JETSTREAM_NAME)
+    subject_prefix: str | None = field("Prefix added to every subject on the target.", None,
+                                       maxLength=255, pattern=LITERAL_SUBJECT)
+    subject_remove: str | None = field("Text removed from every subject on the target (after the prefix).", None,
+                                       minLength=1, maxLength=255, pattern=r"^\S+$")
+    create: bool = field("Create the target stream when it is missing.", True)
+    replicas: int | None = field(
+        "Replicas of a target stream the replicator creates (default: the source stream's; one on a target "
+        "server that is not clustered). An existing stream is never changed.", None, minimum=1, maximum=5)
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _stream_replicas(cls, value: Any) -> Any:
+        """What NATS allows a stream (1 to 5); a string or a boolean is not a number of replicas."""
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5):
+            raise ValueError(f"spec.target.replicas must be 1 to 5, not {value!r}")
+        return value
 
 
-@dataclass(frozen=True)
-class Sampling:
-    age: str
-    inspect: str | None = None
-    inspect_header: str | None = None
-    inspect_subject_token: int | None = None
-    update_flag: str | None = None
-    size_trigger: int | None = None
-    limiter_state: str | None = None
+class Start(Model):
+    """Where a new consumer starts: exactly one of the four."""
+
+    model_config = {"json_schema_extra": {
+        "x-kubernetes-validations": [{
+            "rule": "(has(self.sequence) ? 1 : 0) + (has(self.time) ? 1 : 0) + (has(self.delta) ? 1 : 0) + "
+                    "(has(self.atEnd) ? 1 : 0) == 1",
+            "message": "start takes exactly one of sequence, time, delta, atEnd"}],
+        "oneOf": [{"required": ["sequence"]}, {"required": ["time"]}, {"required": ["delta"]},
+                  {"required": ["atEnd"]}]}}
+
+    sequence: int | None = field("Start at this source stream sequence.", None, format="int64", minimum=1)
+    time: str | None = field("Start at the first message stored at or after this time (RFC 3339).", None,
+                             format="date-time")
+    delta: str | None = duration_field("Start this far back from now, e.g. `1h`.")
+    at_end: Literal[True] | None = field("Start after the source's last message: only new messages are copied.",
+                                         None)
 
 
-@dataclass(frozen=True)
-class Advisory:
-    subject: str
-    cluster: Side = "target"
-    age: str | None = None
+class Sampling(Model):
+    """Forward each sender at most once per `age`."""
+
+    model_config = {"json_schema_extra": {
+        "x-kubernetes-validations": [{
+            "rule": "(has(self.inspect) ? 1 : 0) + (has(self.inspectHeader) ? 1 : 0) + "
+                    "(has(self.inspectSubjectToken) ? 1 : 0) == 1",
+            "message": "sampling takes exactly one of inspect, inspectHeader, inspectSubjectToken"}],
+        "oneOf": [{"required": ["inspect"]}, {"required": ["inspectHeader"]}, {"required": ["inspectSubjectToken"]}]}}
+
+    inspect: str | None = field("JSON field (dotted path) in the payload that names the sender.", None,
+                                maxLength=255, pattern=r"^[^.\s]+(\.[^.\s]+)*$")
+    inspect_header: str | None = field("Message header that names the sender.", None,
+                                       maxLength=255, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")
+    inspect_subject_token: int | None = field("1-based subject token that names the sender.", None,
+                                              minimum=1, maximum=255)
+    age: str = field("Sampling interval per sender, e.g. `5m`.", maxLength=64, pattern=DURATION)
+    update_flag: str | None = field("JSON field whose truthy value forces a copy.", None,
+                                    maxLength=255, pattern=r"^[^.\s]+(\.[^.\s]+)*$")
+    size_trigger: int | None = field(
+        "Copy at once when a sender's payload size changes by at least this many bytes.", None, minimum=1)
+    limiter_state: Literal["memory", "file", "kv"] | None = field(
+        "Where sampling state lives. Default `kv` when more than one worker runs, else `file` (an emptyDir).", None)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> Sampling:
+        keys = [k for k in (self.inspect, self.inspect_header, self.inspect_subject_token) if k is not None]
+        if len(keys) != 1:
+            raise ValueError("spec.sampling takes exactly one of inspect, inspectHeader, inspectSubjectToken")
+        return self
 
 
-@dataclass(frozen=True)
-class HeartbeatSubject:
-    subject: str
-    interval: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+class Advisory(Model):
+    subject: str = field("Subject the advisories are published to (a stream on that cluster should capture it).",
+                         maxLength=255, pattern=LITERAL_SUBJECT)
+    cluster: Literal["target", "source"] = field("Which side's cluster the advisories are published to.", "target")
+    age: str | None = duration_field("Silence after which a `timeout` advisory is sent; default age/2.")
 
 
-@dataclass(frozen=True)
-class HeartbeatsSpec:
+class HeartbeatSubject(Model):
+    subject: str = field("Subject of this heartbeat.", maxLength=255, pattern=LITERAL_SUBJECT)
+    interval: str | None = duration_field("This subject's interval; default the heartbeats' interval.")
+    headers: dict[str, str] = field("This subject's headers; they win over the shared ones.", default_factory=dict)
+
+
+class Heartbeats(Model):
     """Heartbeats published with one side's URL, credentials and TLS Secret."""
 
-    subjects: list[HeartbeatSubject]
-    cluster: Side = "source"
-    interval: str = "10s"
-    leader_election: bool | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    cluster: Side = field("Which side's URL, credentials and TLS Secret to publish with.", "source")
+    interval: str = field("Default interval of every subject.", "10s", maxLength=64, pattern=DURATION)
+    leader_election: bool | None = field(
+        "Only the elected pod publishes; default true when more than one pod runs.", None)
+    headers: dict[str, str] = field("Headers on every heartbeat.", default_factory=dict)
+    subjects: list[HeartbeatSubject] = field("The heartbeats: one subject each, with its own interval and headers.",
+                                             minItems=1, maxItems=100)
+
+    @field_validator("subjects")
+    @classmethod
+    def _some(cls, value: list[HeartbeatSubject]) -> list[HeartbeatSubject]:
+        if not value:
+            raise ValueError("spec.heartbeats.subjects needs at least one subject")
+        return value
 
 
-@dataclass(frozen=True)
-class ServiceMonitorSpec:
-    enabled: bool = False
-    interval: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
+SPEC_RULES = [
+    {"rule": "self.mode == 'scaled' || self.workersPerPod == 1",
+     "message": "workersPerPod > 1 needs mode: scaled (ordered mode runs one active worker)"},
+    {"rule": "!has(self.queueGroup) || self.mode == 'scaled'",
+     "message": "queueGroup applies to mode: scaled only (ordered mode uses the durable `name`)"},
+    {"rule": "!has(self.advisory) || has(self.sampling)",
+     "message": "advisory needs sampling: advisories are about the senders that sampling tracks"},
+    {"rule": "!has(self.fleetHealth) || has(self.advisory)",
+     "message": "fleetHealth needs advisory: the Spark job aggregates the advisories"},
+    {"rule": "!has(self.sampling) || !has(self.sampling.limiterState) || self.sampling.limiterState == 'kv' || "
+             "(self.mode == 'ordered' && self.replicas <= 1)",
+     "message": "sampling.limiterState must be kv when more than one worker runs (scaled mode or hot standbys): "
+                "every worker must see the same limiter state"},
+    {"rule": "self.mode == oldSelf.mode",
+     "message": "mode is immutable: ordered and scaled mode use different durable consumers; create a new "
+                "StreamReplication instead"},
+    {"rule": "(has(self.name) ? self.name : '') == (has(oldSelf.name) ? oldSelf.name : '')",
+     "message": "name is immutable: it names the durable consumer on the source"},
+    {"rule": "(has(self.queueGroup) ? self.queueGroup : '') == (has(oldSelf.queueGroup) ? oldSelf.queueGroup : '')",
+     "message": "queueGroup is immutable: it names the shared durable consumer on the source"},
+    {"rule": "self.engine != 'native' || has(self.source.domain) || has(self.source.apiPrefix)",
+     "message": "engine native needs source.domain or source.apiPrefix: how the target reaches the source's "
+                "JetStream API"},
+    {"rule": "self.engine != 'native' || (!has(self.sampling) && !has(self.advisory) && !has(self.fleetHealth) && "
+             "!has(self.maxAge) && !has(self.deadLetter))",
+     "message": "engine native cannot sample, advise, aggregate fleet health, skip old messages or dead-letter "
+                "(sampling, advisory, fleetHealth, maxAge, deadLetter): use engine auto or replicator"},
+]
 
 
-@dataclass(frozen=True)
-class FleetHealth:
-    kv_bucket: str
-    url: str | None
-    raw: dict[str, Any]
+class StreamReplicationSpec(Model):
+    """What the author of a StreamReplication asks for."""
+
+    model_config = {"json_schema_extra": {"x-kubernetes-validations": SPEC_RULES}}
+
+    engine: Engine = field(
+        "Who copies: `native` (a source entry on the target stream, NATS copies), `replicator` (worker pods), or "
+        "`auto` (native when the spec needs nothing only the replicator can do and the target reaches the source "
+        "through source.domain or source.apiPrefix).", "auto")
+    topic: str = field("Subject to copy from the source; wildcards (`*`, a final `>`) allowed.",
+                       maxLength=255, pattern=r"^((\*|[^.*>\s]+)\.)*(\*|>|[^.*>\s]+)$")
+    source: Source = field("Where messages are read.")
+    target: Target = field("Where messages are published.")
+    mode: Literal["ordered", "scaled"] = field(
+        "`ordered`: one active worker, order kept. `scaled`: many workers share one durable consumer, unordered.",
+        "ordered")
+    replicas: int = field("Pods. Ordered mode runs one leader and replicas-1 hot standbys.", 1,
+                          format="int32", minimum=0, maximum=256)
+    workers_per_pod: int = field("Workers per pod (scaled mode only).", 1, format="int32", minimum=1, maximum=64)
+    queue_group: str | None = field(
+        "Shared durable consumer in scaled mode; default `<namespace>_<name>_grp`.", None,
+        maxLength=200, pattern=JETSTREAM_NAME)
+    name: str | None = field(
+        "Replicator name; the ordered durable consumer and the worker name prefix. Default `<namespace>_<name>`.",
+        None, maxLength=200, pattern=JETSTREAM_NAME)
+    start: Start | None = field("Where a new consumer starts (first start only). Exactly one field.", None)
+    max_age: str | None = duration_field("Acknowledge and skip source messages older than this, e.g. `1h`.")
+    dead_letter: str | None = field(
+        "Subject on the target cluster for poison messages (refused 5 times); a stream must capture it. Without "
+        "it they are skipped. Counted and logged either way.", None, maxLength=255, pattern=LITERAL_SUBJECT)
+    sampling: Sampling | None = field("Forward each sender at most once per `age`; exactly one sampling key.", None)
+    advisory: Advisory | None = field("Publish new/timeout/recover/expire advisories about senders.", None)
+    heartbeats: Heartbeats | None = field(
+        "Publish heartbeats (the Go Stream Replicator's, 0.8): a JetStream message per subject every interval, the "
+        "unix time as body, Choria-SR-Originator and Choria-SR-Subject headers; into a replicated stream they keep "
+        "an idle replication measurable end to end.", None)
+    fleet_health: FleetHealth | None = field(
+        "Aggregate the advisories into fleet-health tables with a ScheduledSparkApplication.", None)
+    image: str | None = field(
+        "Worker image; default the operator's own (its STREAM_REPLICATOR_WORKER_IMAGE, the chart's `workerImage`).",
+        None, maxLength=512, minLength=1)
+    resources: Resources | None = field("Worker container resources.", None)
+    node_selector: dict[str, str] = field("Node labels the worker pods must run on (pod spec `nodeSelector`).",
+                                          default_factory=dict)
+    tolerations: list[Toleration] = field("Taints the worker pods tolerate (pod spec `tolerations`).",
+                                          default_factory=list)
+    affinity: dict[str, Any] | None = field("A core/v1 Affinity, passed to the pods unchanged.", None,
+                                            **{"x-kubernetes-preserve-unknown-fields": True})
+    pod_annotations: dict[str, str] = field("Annotations added to the worker pods.", default_factory=dict)
+    service_account_name: str | None = name_field(
+        "Service account the worker pods run as (the tenancy policy must allow it); default the namespace's "
+        "default account, with no API token mounted.", None)
+    monitoring: Monitoring = field("The workers' metrics endpoint and how Prometheus finds it.",
+                                   default_factory=Monitoring, schema_default={})
+
+    @model_validator(mode="after")
+    def _workers_need_scaled(self) -> StreamReplicationSpec:
+        if self.mode == "ordered" and self.workers_per_pod != 1:
+            raise ValueError("spec.workersPerPod > 1 needs mode: scaled")
+        return self
 
 
-@dataclass(frozen=True)
-class ReplicationSpec:
-    namespace: str
-    resource_name: str
-    topic: str
-    source: Source
-    target: Target
-    mode: Literal["ordered", "scaled"]
-    replicas: int
-    workers_per_pod: int
-    name: str
-    queue_group: str
-    start: dict[str, Any]
-    max_age: str | None
-    sampling: Sampling | None
-    advisory: Advisory | None
-    fleet_health: FleetHealth | None
-    heartbeats: HeartbeatsSpec | None
-    image: str | None
-    resources: dict[str, Any] | None
-    node_selector: dict[str, str]
-    tolerations: list[dict[str, Any]]
-    affinity: dict[str, Any] | None
-    pod_annotations: dict[str, str]
-    service_account_name: str | None
-    monitoring_port: int
-    service_monitor: ServiceMonitorSpec
-    engine: Engine = "auto"
-    dead_letter: str | None = None
+class ReplicationSpec(StreamReplicationSpec):
+    """One resource's spec as the builders read it: the typed spec, where the resource lives, and what
+    follows from both (names, worker counts, the sampling state)."""
+
+    _namespace: str = PrivateAttr("default")
+    _resource_name: str = PrivateAttr("")
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def resource_name(self) -> str:
+        return self._resource_name
+
+    @property
+    def replicator_name(self) -> str:
+        """`spec.name`, or `<namespace>_<name>`: the ordered durable consumer, the worker-name prefix."""
+        return self.name or naming.default_replicator_name(self.namespace, self.resource_name)
+
+    @property
+    def group_name(self) -> str:
+        """`spec.queueGroup`, or `<namespace>_<name>_grp`: scaled mode's shared durable consumer."""
+        return self.queue_group or naming.default_queue_group(self.namespace, self.resource_name)
 
     @property
     def ordered(self) -> bool:
@@ -204,7 +396,7 @@ class ReplicationSpec:
     @property
     def consumer_name(self) -> str:
         """The durable consumer on the source: the queue group (scaled) or the name (ordered)."""
-        return self.name if self.ordered else self.queue_group
+        return self.replicator_name if self.ordered else self.group_name
 
     @property
     def limiter_state(self) -> str | None:
@@ -223,75 +415,21 @@ class ReplicationSpec:
         return self.endpoint(self.advisory.cluster) if self.advisory else None
 
 
-def _get(data: Mapping[str, Any], path: str) -> Any:
-    """A dotted-path lookup that falls back to `DEFAULTS`."""
-    node: Any = data
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return DEFAULTS.get(path)
-        node = node[part]
-    return node
+def _where(loc: tuple[int | str, ...]) -> str:
+    return ".".join(["spec", *(str(part) for part in loc)])
 
 
-def _secret(data: Mapping[str, Any], side: str) -> SecretKeyRef | None:
-    ref = _get(data, f"{side}.credentialsSecret")
-    if not ref:
-        return None
-    if not ref.get("name"):
-        raise SpecError(f"spec.{side}.credentialsSecret.name is required")
-    key = ref.get("key") or DEFAULTS[f"{side}.credentialsSecret.key"]
-    return SecretKeyRef(name=str(ref["name"]), key=str(key))
-
-
-def _basic_auth(data: Mapping[str, Any], side: str) -> BasicAuthRef | None:
-    ref = _get(data, f"{side}.basicAuthSecret")
-    if not ref:
-        return None
-    if not isinstance(ref, Mapping) or not ref.get("name"):
-        raise SpecError(f"spec.{side}.basicAuthSecret.name is required")
-    keys = [str(ref.get(k) or DEFAULTS[f"{side}.basicAuthSecret.{k}"]) for k in ("usernameKey", "passwordKey")]
-    if keys[0] == keys[1]:
-        raise SpecError(f"spec.{side}.basicAuthSecret: usernameKey and passwordKey must differ, not both {keys[0]!r}")
-    return BasicAuthRef(name=str(ref["name"]), username_key=keys[0], password_key=keys[1])
-
-
-def auth_ways(side: Side, section: Mapping[str, Any]) -> list[str]:
-    """The ways a side authenticates, as the fields that give them: Secrets and what its URL carries."""
-    ways = [f"spec.{side}.{k}" for k in ("credentialsSecret", "basicAuthSecret") if section.get(k)]
-    try:
-        opts = url_options(str(section.get("url") or ""))
-    except ValueError:
-        return ways  # the worker config's validation names the URL's problem
-    if opts.userinfo:
-        ways.append(f"a {opts.userinfo} in spec.{side}.url")
-    ways += [f"?{k}= in spec.{side}.url" for k in ("credentials", "jwt") if getattr(opts, k)]
-    return ways
-
-
-def _endpoint(data: Mapping[str, Any], side: Side) -> dict[str, Any]:
-    section = data.get(side)
-    if not isinstance(section, Mapping) or not section.get("url"):
-        raise SpecError(f"spec.{side}.url is required")
-    ways = auth_ways(side, section)
-    if len(ways) > 1:
-        raise SpecError(f"{' and '.join(ways)} exclude each other: one way to authenticate the {side}")
-    return {
-        "side": side,
-        "url": str(section["url"]),
-        "stream": section.get("stream"),
-        "credentials": _secret(data, side),
-        "tls_secret": section.get("tlsSecret"),
-        "basic_auth": _basic_auth(data, side),
-    }
-
-
-def _stream_replicas(value: Any) -> int | None:
-    """`spec.target.replicas`: what NATS allows a stream (1 to 5), or None for the source's."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5:
-        raise SpecError(f"spec.target.replicas must be 1 to 5, not {value!r}")
-    return value
+def _problem(error: Mapping[str, Any]) -> str:
+    """One validation error in the words of a resource's fields (its API names)."""
+    where, kind = _where(tuple(error["loc"])), error["type"]
+    if kind == "value_error":
+        return str(error["msg"]).removeprefix("Value error, ")
+    if kind == "missing":
+        return f"{where} is required"
+    if kind == "literal_error":
+        allowed = str((error.get("ctx") or {}).get("expected", "")).replace("'", "")
+        return f"{where} must be {allowed}, not {error['input']!r}"
+    return f"{where}: {error['msg']}"
 
 
 def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
@@ -301,117 +439,10 @@ def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
     resource_name = str(meta.get("name") or "")
     if not resource_name:
         raise SpecError("metadata.name is required")
-    data: Mapping[str, Any] = resource.get("spec") or {}
-    if not data.get("topic"):
-        raise SpecError("spec.topic is required")
-
-    mode = _get(data, "mode")
-    if mode not in ("ordered", "scaled"):
-        raise SpecError(f"spec.mode must be ordered or scaled, not {mode!r}")
-    workers = int(_get(data, "workersPerPod"))
-    if mode == "ordered" and workers != 1:
-        raise SpecError("spec.workersPerPod > 1 needs mode: scaled")
-
-    sampling = None
-    if data.get("sampling"):
-        s = data["sampling"]
-        keys = [k for k in ("inspect", "inspectHeader", "inspectSubjectToken") if s.get(k) is not None]
-        if len(keys) != 1:
-            raise SpecError("spec.sampling takes exactly one of inspect, inspectHeader, inspectSubjectToken")
-        if not s.get("age"):
-            raise SpecError("spec.sampling.age is required")
-        sampling = Sampling(
-            age=str(s["age"]),
-            inspect=s.get("inspect"),
-            inspect_header=s.get("inspectHeader"),
-            inspect_subject_token=s.get("inspectSubjectToken"),
-            update_flag=s.get("updateFlag"),
-            size_trigger=s.get("sizeTrigger"),
-            limiter_state=s.get("limiterState"),
-        )
-
-    advisory = None
-    if data.get("advisory"):
-        a = data["advisory"]
-        advisory = Advisory(
-            subject=str(a["subject"]), cluster=_get(data, "advisory.cluster"), age=a.get("age")
-        )
-
-    heartbeats = None
-    if data.get("heartbeats"):
-        hb = data["heartbeats"]
-        if not isinstance(hb, Mapping):
-            raise SpecError("spec.heartbeats must be an object with a subjects list")
-        subjects = [HeartbeatSubject(subject=str(s["subject"]), interval=s.get("interval"),
-                                     headers={str(k): str(v) for k, v in (s.get("headers") or {}).items()})
-                    for s in hb.get("subjects") or [] if isinstance(s, Mapping) and s.get("subject")]
-        if not subjects:
-            raise SpecError("spec.heartbeats.subjects needs at least one subject")
-        heartbeats = HeartbeatsSpec(
-            subjects=subjects, cluster=_get(data, "heartbeats.cluster"),
-            interval=str(_get(data, "heartbeats.interval")),
-            leader_election=hb.get("leaderElection"),
-            headers={str(k): str(v) for k, v in (hb.get("headers") or {}).items()},
-        )
-
-    fleet = None
-    if data.get("fleetHealth"):
-        f = data["fleetHealth"]
-        fleet = FleetHealth(kv_bucket=str(_get(data, "fleetHealth.kvBucket")), url=f.get("url"), raw=dict(f))
-
-    engine = _get(data, "engine")
-    if engine not in ("auto", "native", "replicator"):
-        raise SpecError(f"spec.engine must be auto, native or replicator, not {engine!r}")
-    src = data["source"] if isinstance(data.get("source"), Mapping) else {}
-    if src.get("domain") and src.get("apiPrefix"):
-        raise SpecError("spec.source takes domain or apiPrefix, not both")
-    if src.get("deliverPrefix") and not src.get("apiPrefix"):
-        raise SpecError("spec.source.deliverPrefix needs spec.source.apiPrefix")
-
-    sm = _get(data, "monitoring.serviceMonitor") or {}
-    target = _endpoint(data, "target")
-    tsec = data["target"]
-    return ReplicationSpec(
-        namespace=namespace,
-        resource_name=resource_name,
-        topic=str(data["topic"]),
-        source=Source(
-            **_endpoint(data, "source"),
-            domain=src.get("domain"),
-            api_prefix=src.get("apiPrefix"),
-            deliver_prefix=src.get("deliverPrefix"),
-        ),
-        target=Target(
-            **target,
-            subject_prefix=tsec.get("subjectPrefix"),
-            subject_remove=tsec.get("subjectRemove"),
-            create=bool(_get(data, "target.create")),
-            replicas=_stream_replicas(tsec.get("replicas")),
-        ),
-        mode=mode,
-        replicas=int(_get(data, "replicas")),
-        workers_per_pod=workers,
-        name=str(data.get("name") or naming.default_replicator_name(namespace, resource_name)),
-        queue_group=str(data.get("queueGroup") or naming.default_queue_group(namespace, resource_name)),
-        start=dict(data.get("start") or {}),
-        max_age=data.get("maxAge"),
-        sampling=sampling,
-        advisory=advisory,
-        fleet_health=fleet,
-        heartbeats=heartbeats,
-        image=data.get("image"),
-        resources=data.get("resources"),
-        node_selector=dict(data.get("nodeSelector") or {}),
-        tolerations=list(data.get("tolerations") or []),
-        affinity=data.get("affinity"),
-        pod_annotations=dict(data.get("podAnnotations") or {}),
-        service_account_name=data.get("serviceAccountName"),
-        monitoring_port=int(_get(data, "monitoring.port")),
-        service_monitor=ServiceMonitorSpec(
-            enabled=bool(sm.get("enabled", DEFAULTS["monitoring.serviceMonitor.enabled"])),
-            interval=sm.get("interval"),
-            labels=dict(sm.get("labels") or {}),
-        ),
-        engine=engine,
-        dead_letter=data.get("deadLetter"),
-    )
+    try:
+        spec = ReplicationSpec.model_validate(resource.get("spec") or {})
+    except ValidationError as err:
+        problems = dict.fromkeys(_problem(e) for e in err.errors(include_url=False))
+        raise SpecError("; ".join(problems)) from None
+    spec._namespace, spec._resource_name = namespace, resource_name
+    return spec

@@ -64,17 +64,18 @@ def auth_from_secrets(endpoint: Endpoint, secrets: Mapping[str, Mapping[str, byt
     """`secrets` maps a Secret name to its data."""
     creds = None
     names: dict[str, str] = {}
-    if endpoint.credentials:
-        creds = secrets.get(endpoint.credentials.name, {}).get(endpoint.credentials.key)
-        names["creds"] = f'secret "{endpoint.credentials.name}" key "{endpoint.credentials.key}"'
+    if endpoint.credentials_secret:
+        ref = endpoint.credentials_secret
+        creds = secrets.get(ref.name, {}).get(ref.key)
+        names["creds"] = f'secret "{ref.name}" key "{ref.key}"'
     basic: dict[str, bytes | None] = {}
-    if endpoint.basic_auth:
-        ref = endpoint.basic_auth
-        for role, key in (("username", ref.username_key), ("password", ref.password_key)):
-            basic[role] = secrets.get(ref.name, {}).get(key)
-            names[role] = f'secret "{ref.name}" key "{key}"'
+    if endpoint.basic_auth_secret:
+        basic_ref = endpoint.basic_auth_secret
+        for role, key in (("username", basic_ref.username_key), ("password", basic_ref.password_key)):
+            basic[role] = secrets.get(basic_ref.name, {}).get(key)
+            names[role] = f'secret "{basic_ref.name}" key "{key}"'
             if basic[role] is None:  # checked before, but the Secret may have changed since
-                raise NatsStatusError(f'secret "{ref.name}" has no key "{key}"')
+                raise NatsStatusError(f'secret "{basic_ref.name}" has no key "{key}"')
     tls: Mapping[str, bytes] = secrets.get(endpoint.tls_secret, {}) if endpoint.tls_secret else {}
     for role, key in (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)):
         names[role] = f'secret "{endpoint.tls_secret}" key "{key}"'

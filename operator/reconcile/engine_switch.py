@@ -89,7 +89,7 @@ class EngineSwitch:
             message = str(recorded.get("message") or "").split(": ", 1)[-1]
             choice = Choice(engine.engine_of(str(recorded.get("reason")), spec), str(recorded.get("reason")), message)
         else:
-            choice = engine.before_probe(spec, body.get("spec")) or await self._probe(
+            choice = engine.before_probe(spec) or await self._probe(
                 spec, memory.current_status(body))
             previous = state.choice  # a problem is posted with the others (Degraded, a Warning)
             if not choice.problem and (previous is None or (previous.engine, previous.reason, previous.message) != (
@@ -125,7 +125,7 @@ class EngineSwitch:
             return 0
         path = engine.route(spec)
         assert path is not None
-        writer = await target.writer(path, source_stream, spec.name)
+        writer = await target.writer(path, source_stream, spec.replicator_name)
         subject = rewrite_subject(spec.topic, spec.target.subject_prefix, spec.target.subject_remove)
         return await target.replicator_landed(stream, subject, writer)
 
@@ -252,7 +252,7 @@ class EngineSwitch:
             if landed:
                 return Start(sequence=landed + 1)
         last = int(((source or {}).get("state") or {}).get("last_seq") or 0)
-        if spec.start.get("atEnd") and source is None:
+        if spec.start is not None and spec.start.at_end and source is None:
             raise NativeError("start.atEnd needs the source stream's last sequence, which the target cannot read")
         return native.spec_start(spec, self.clock(), last)
 
@@ -311,7 +311,8 @@ class EngineSwitch:
         def replicators_copy(headers: dict[str, str]) -> bool:
             """A copy the replicator made before this entry: the entry delivered nothing later."""
             prov = parse_provenance(headers.get(PROVENANCE))
-            return prov is not None and prov.stream == recorded.get("sourceStream") and prov.name == spec.name
+            return (prov is not None and prov.stream == recorded.get("sourceStream")
+                    and prov.name == spec.replicator_name)
 
         return await target.last_delivered(stream, recorded, replicators_copy)
 

@@ -3,7 +3,8 @@ rebuilds it from the resource, its status and its children on resume).
 
 Each part has one writer: the pass (`Reconciler`), what was said (the pass, through `Events`),
 what was written (`StatusWriter`) and the engine's state (`EngineSwitch`). The status a pass starts
-from and the replicas a resource asks for are derived here, once.
+from and what a resource asks for (`asked`, also of a spec that cannot be read) are derived here,
+once.
 """
 
 from __future__ import annotations
@@ -59,10 +60,23 @@ class Memory:
         return dict(self.status or body.get("status") or {})
 
 
-def desired_replicas(body: Mapping[str, Any]) -> int:
-    """The pods a resource asks for: its typed spec's replicas, or for a spec that cannot be read,
-    the raw field (so that status and metrics still say what was asked)."""
+@dataclass(frozen=True)
+class Asked:
+    """What status and metrics report a resource asks for: its pods, and the schedule of its
+    fleet-health job ("" for the default, None without one)."""
+
+    replicas: int
+    fleet_schedule: str | None
+
+
+def asked(body: Mapping[str, Any]) -> Asked:
+    """From the typed spec; from the raw fields when the spec cannot be read, so that status and
+    metrics still say what was asked while the resource is Degraded."""
     try:
-        return parse_spec(body).replicas
+        spec = parse_spec(body)
     except SpecError:
-        return int((body.get("spec") or {}).get("replicas", 1) or 0)
+        raw = body.get("spec") or {}
+        fleet = raw.get("fleetHealth")
+        schedule = str(fleet.get("schedule") or "") if isinstance(fleet, Mapping) else None
+        return Asked(int(raw.get("replicas", 1) or 0), schedule)
+    return Asked(spec.replicas, (spec.fleet_health.schedule or "") if spec.fleet_health else None)

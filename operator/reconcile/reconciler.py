@@ -33,7 +33,7 @@ from replication_operator.nats import connection, probes
 from replication_operator.reconcile.apply import Applier
 from replication_operator.reconcile.engine_switch import EngineSwitch
 from replication_operator.reconcile.events import Events
-from replication_operator.reconcile.memory import Memory, desired_replicas
+from replication_operator.reconcile.memory import Memory, asked
 from replication_operator.reconcile.status_writer import StatusWriter
 from replication_operator.settings import OperatorConfig
 
@@ -129,7 +129,7 @@ class Reconciler:
                     problems.extend(handover)
                     if not handover:
                         try:
-                            children = build_children(body, self._options(tls_keys, resume_after))
+                            children = build_children(spec, self._options(tls_keys, resume_after))
                         except SpecError as err:
                             problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 
@@ -148,7 +148,7 @@ class Reconciler:
         memory.observed_generation = generation
         memory.last_full = time.monotonic()
         self._post_problems(body, memory, problems)
-        await self.status.write(body, memory, deployment, desired_replicas(body))
+        await self.status.write(body, memory, deployment, asked(body).replicas)
         return Outcome(problems, retry)
 
     def _post_problems(self, body: Mapping[str, Any], memory: Memory, problems: list[st.Problem]) -> None:
@@ -197,7 +197,7 @@ class Reconciler:
         else:
             memory = self._memory(owner_uid)
             async with memory.lock:
-                await self.status.write(owner, memory, child, desired_replicas(owner))
+                await self.status.write(owner, memory, child, asked(owner).replicas)
 
     async def tick(self, body: Mapping[str, Any]) -> None:
         """The timer: re-check problems and resync now and then, then read NATS."""

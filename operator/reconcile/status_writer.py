@@ -17,7 +17,7 @@ from replication_operator.metrics import OperatorMetrics
 from replication_operator.model import naming
 from replication_operator.model import status as st
 from replication_operator.reconcile.events import Events
-from replication_operator.reconcile.memory import Memory, desired_replicas
+from replication_operator.reconcile.memory import Memory, asked
 
 log = logging.getLogger("replication_operator")
 
@@ -69,7 +69,9 @@ class StatusWriter:
         old = memory.current_status(body)
         patch = st.status_patch(old, fields)
         memory.status = {**old, **fields}
-        memory.identity = self.metrics.export(body, memory.status, desired_replicas(body), memory.fleet_sites)
+        wanted = asked(body)
+        memory.identity = self.metrics.export(body, memory.status, wanted.replicas, wanted.fleet_schedule,
+                                              memory.fleet_sites)
         if not patch:
             return
         meta = body["metadata"]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 from replication_operator.build.spark_application import BASIC_AUTH_DIR, build_scheduled_spark_application
+from replication_operator.model.spec import parse_spec
 
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.cli import add_arguments, run_from_args
@@ -50,7 +51,7 @@ def _job_arguments(url: str, output: Path, mount: Path) -> list[str]:
             "fleetHealth": {"stream": STREAM, "output": str(output), "executor": {"instances": 1, "cores": 2}},
         },
     }
-    app = build_scheduled_spark_application(resource)
+    app = build_scheduled_spark_application(parse_spec(resource))
     for role in ("driver", "executor"):
         assert app["spec"]["template"][role]["secrets"] == [
             {"name": "fleet-login", "path": BASIC_AUTH_DIR, "secretType": "Generic"}]

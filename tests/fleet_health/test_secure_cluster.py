@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 from replication_operator.build.spark_application import CREDENTIALS_DIR, TLS_DIR, build_scheduled_spark_application
+from replication_operator.model.spec import parse_spec
 
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.cli import add_arguments, run_from_args
@@ -89,7 +90,7 @@ def kubernetes_arguments(broker: Broker, output: Path, bucket: str) -> list[str]
                             "executor": {"instances": 1, "cores": 2}},
         },
     }
-    app = build_scheduled_spark_application(resource)
+    app = build_scheduled_spark_application(parse_spec(resource))
     k8s = broker.root / "k8s"
     mounts = {CREDENTIALS_DIR: str(k8s / "nats"), TLS_DIR: str(k8s / "tls")}
     for role in ("driver", "executor"):  # what the Spark operator mounts where

@@ -17,6 +17,7 @@ import pytest
 from nats.aio.client import Client
 from replication_operator.build.spark_application import MAIN_APPLICATION_FILE, build_scheduled_spark_application
 from replication_operator.model import naming
+from replication_operator.model.spec import parse_spec
 
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.fleet_health.helpers import (
@@ -51,7 +52,7 @@ def _application(url: str) -> dict[str, Any]:
             "fleetHealth": {"output": OUTPUT, "stream": STREAM},
         },
     }
-    return dict(build_scheduled_spark_application(resource)["spec"]["template"])
+    return dict(build_scheduled_spark_application(parse_spec(resource))["spec"]["template"])
 
 
 def _pod_options(pod: dict[str, Any]) -> RunOptions:

@@ -15,6 +15,7 @@ import yaml
 from nats.aio.client import Client
 from replication_operator.build.children import BuildOptions, build_children
 from replication_operator.model import images, naming
+from replication_operator.model.spec import parse_spec
 
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.helm.helm_chart_support import find, render
@@ -71,7 +72,7 @@ async def test_worker_replicates_as_its_deployment_runs_it(
             "monitoring": {"port": port},
         },
     }
-    children = build_children(resource, BuildOptions(worker_image=worker_image))
+    children = build_children(parse_spec(resource), BuildOptions(worker_image=worker_image))
     deployment = children.by_kind(naming.DEPLOYMENT)
     configmap = children.by_kind(naming.CONFIGMAP)
     assert deployment and configmap

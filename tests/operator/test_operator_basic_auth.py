@@ -45,7 +45,7 @@ def _topic(children: Children) -> dict[str, Any]:
 
 
 def test_the_secret_is_mounted_read_only_and_only_paths_reach_the_config() -> None:
-    children = build_children(_example())
+    children = build_children(parse_spec(_example()))
     deployment = children.by_kind(naming.DEPLOYMENT)
     assert deployment is not None
     pod = deployment["spec"]["template"]["spec"]
@@ -76,7 +76,7 @@ def test_the_worker_reads_the_mounted_files(tmp_path: Path) -> None:
     its start-up file check and yields the user and password of the Secret (TLS aside here)."""
     resource = _example()
     resource["spec"]["target"].pop("tlsSecret")
-    children = build_children(resource)
+    children = build_children(parse_spec(resource))
     deployment = children.by_kind(naming.DEPLOYMENT)
     assert deployment is not None
     config = h.materialise(children.config_text, tmp_path, SECRETS, h.secret_mounts(deployment))
@@ -141,7 +141,7 @@ def test_the_two_keys_must_differ() -> None:
 
 def test_heartbeats_sign_in_with_their_sides_files() -> None:
     resource = _example(heartbeats={"subjects": [{"subject": "orders.dc2.heartbeat"}], "cluster": "target"})
-    heartbeats = yaml.safe_load(build_children(resource).config_text)["heartbeats"]
+    heartbeats = yaml.safe_load(build_children(parse_spec(resource)).config_text)["heartbeats"]
     assert (heartbeats["user_file"], heartbeats["password_file"]) == (
         f"{naming.SECRETS_DIR}/target-basic-auth/user", f"{naming.SECRETS_DIR}/target-basic-auth/pass")
     assert "credentials" not in heartbeats
@@ -164,7 +164,7 @@ def test_the_fleet_health_job_mounts_the_secret_and_reads_the_files() -> None:
     """Driver and executors mount the advisory cluster's Secret; the arguments name the two files
     (the job reads them at each connect), never the password; the object passes the Spark operator's
     schema."""
-    children = build_children(_fleet(_example()), BuildOptions(spark_image="stream-replicator:0.1.0-spark",
+    children = build_children(parse_spec(_fleet(_example())), BuildOptions(spark_image="stream-replicator:0.1.0-spark",
                                                                tls_keys={"central-ca": {"ca.crt"}}))
     app = children.by_kind(naming.SCHEDULED_SPARK_APPLICATION)
     assert app is not None
@@ -182,14 +182,17 @@ def test_the_fleet_health_job_mounts_the_secret_and_reads_the_files() -> None:
 
 
 def test_the_fleet_health_job_refuses_two_ways_to_authenticate() -> None:
+    """Two Secrets on the advisory side are refused as the spec is read (the typed model cannot hold
+    them), a password in the job's own URL by the Spark builder."""
     resource = _fleet(_example())
     resource["spec"]["target"]["credentialsSecret"] = {"name": "central-creds"}
-    with pytest.raises(SpecError, match="credentialsSecret and basicAuthSecret exclude each other"):
-        build_scheduled_spark_application(resource)
+    with pytest.raises(SpecError, match=r"spec\.target\.credentialsSecret and spec\.target\.basicAuthSecret exclude "
+                                        "each other"):
+        build_scheduled_spark_application(parse_spec(resource))
     resource = _fleet(_example())
     resource["spec"]["fleetHealth"]["url"] = f"nats://fh:{PASSWORD}@fleet.example.net:4222"
     with pytest.raises(SpecError, match=r"spec\.fleetHealth\.url carries credentials") as err:
-        build_scheduled_spark_application(resource)
+        build_scheduled_spark_application(parse_spec(resource))
     assert PASSWORD not in str(err.value)
 
 
@@ -200,7 +203,7 @@ def test_a_password_in_a_url_is_built_with_advice() -> None:
     resource["spec"]["source"].pop("credentialsSecret")
     resource["spec"]["source"]["url"] = f"nats://sr:{PASSWORD}@nats.city1.example.net:4222"
     resource["spec"]["target"]["url"] = "nats://only-a-token@nats-0.region-eu.example.net:4222"
-    children = build_children(resource)
+    children = build_children(parse_spec(resource))
     assert PASSWORD in children.config_text  # compatibility: the URL goes to the worker as written
     given = advice.advise(parse_spec(resource))
     assert [reason for reason, _ in given] == [advice.PASSWORD_IN_URL]  # a token has no basicAuthSecret to go to

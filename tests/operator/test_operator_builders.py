@@ -95,7 +95,7 @@ def _validate(obj: dict[str, Any]) -> None:
 def _children(name: str, **changes: Any) -> Children:
     resource = h.example(name)
     resource["spec"].update(changes)
-    return build_children(resource)
+    return build_children(parse_spec(resource))
 
 
 def _config(children: Children) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def _topic(children: Children) -> dict[str, Any]:
 @pytest.mark.parametrize("resource", h.example_resources(), ids=lambda r: r["metadata"]["name"])
 def test_every_child_of_every_example_is_valid(resource: dict[str, Any]) -> None:
     resource = h.example(resource["metadata"]["name"])
-    children = build_children(resource, BuildOptions(spark_image="stream-replicator:0.1.0-spark"))
+    children = build_children(parse_spec(resource), BuildOptions(spark_image="stream-replicator:0.1.0-spark"))
     kinds = [o["kind"] for o in children.objects]
     assert kinds[:3] == ["ConfigMap", "Service", "Deployment"]
     for obj in children.objects:
@@ -124,7 +124,7 @@ def test_every_configmap_loads_in_the_worker(resource: dict[str, Any], tmp_path:
     """The worker's own parse_config accepts it, with the mounted files materialised in tmp_path."""
     resource = h.example(resource["metadata"]["name"])
     resource["spec"].pop("fleetHealth", None)
-    children = build_children(resource)
+    children = build_children(parse_spec(resource))
     deployment = children.by_kind(naming.DEPLOYMENT)
     assert deployment is not None
     mounts = h.secret_mounts(deployment)
@@ -134,7 +134,7 @@ def test_every_configmap_loads_in_the_worker(resource: dict[str, Any], tmp_path:
     profile = Profile(parsed, resource["metadata"]["name"], instance="pod-abc")
     spec = parse_spec(resource)
     assert profile.consumer_name == spec.consumer_name
-    assert all(name.startswith(f"{spec.name}_pod-abc_") for name in profile.worker_names())
+    assert all(name.startswith(f"{spec.replicator_name}_pod-abc_") for name in profile.worker_names())
 
 
 def test_dead_letter_reaches_the_worker(tmp_path: Path) -> None:
@@ -201,9 +201,9 @@ def _without_group(namespace: str) -> dict[str, Any]:
 
 
 def test_default_names_are_deterministic_and_per_namespace() -> None:
-    a = build_children(_without_group("team-a"))
-    again = build_children(_without_group("team-a"))
-    b = build_children(_without_group("team-b"))
+    a = build_children(parse_spec(_without_group("team-a")))
+    again = build_children(parse_spec(_without_group("team-a")))
+    b = build_children(parse_spec(_without_group("team-b")))
     assert _topic(a)["queue_group"] == "team-a_telemetry-region_grp"
     assert _topic(a) == _topic(again) and a.config_hash == again.config_hash
     assert _topic(b)["queue_group"] == "team-b_telemetry-region_grp"
@@ -213,7 +213,7 @@ def test_default_names_are_deterministic_and_per_namespace() -> None:
 def test_dots_in_resource_names_never_reach_jetstream_names() -> None:
     resource = h.example("cmdb-city1")
     resource["metadata"]["name"] = "cmdb.city1"
-    assert _topic(build_children(resource))["name"] == "replication_cmdb_city1"
+    assert _topic(build_children(parse_spec(resource)))["name"] == "replication_cmdb_city1"
 
 
 @pytest.mark.parametrize(
@@ -239,7 +239,7 @@ def test_limiter_state(mode: str, replicas: int, workers: int, asked: str | None
 def test_sampling_and_advisories_map_to_the_worker_keys() -> None:
     resource = h.example("registrations-region")
     resource["spec"].pop("fleetHealth")
-    topic = _topic(build_children(resource))
+    topic = _topic(build_children(parse_spec(resource)))
     assert topic["inspect_header"] == "Choria-Sender"
     assert (topic["age"], topic["update_flag"], topic["size_trigger"]) == ("30m", "force_update", 1024)
     assert topic["advisory"] == {
@@ -294,7 +294,7 @@ def test_secrets_are_mounted_read_only_and_named_in_the_config() -> None:
 def test_tls_config_names_only_the_keys_the_secret_has() -> None:
     resource = h.example("inventory-dc1")
     keys = {"dc1-nats-tls": {"ca.crt", "tls.crt", "tls.key"}, "central-ca": {"ca.crt"}}
-    topic = _topic(build_children(resource, BuildOptions(tls_keys=keys)))
+    topic = _topic(build_children(parse_spec(resource), BuildOptions(tls_keys=keys)))
     assert set(topic["target_tls"]) == {"scheme", "ca"}
     assert tls_problem({"ca.crt"}) is None
     assert tls_problem({"tls.crt", "tls.key"}) is None
@@ -355,9 +355,9 @@ def test_invalid_worker_config_is_reported_not_built() -> None:
     resource["spec"]["sampling"]["updateFlag"] = "force"
     resource["spec"]["source"]["url"] = "nats://a b:4222"
     with pytest.raises(SpecError, match="source_url"):
-        build_children(resource)
+        build_children(parse_spec(resource))
     with pytest.raises(SpecError, match="topic"):
-        build_children({**resource, "spec": {k: v for k, v in resource["spec"].items() if k != "topic"}})
+        build_children(parse_spec({**resource, "spec": {k: v for k, v in resource["spec"].items() if k != "topic"}}))
 
 
 def test_contains_ignores_server_defaults_but_not_edits() -> None:
@@ -377,7 +377,7 @@ def test_contains_ignores_server_defaults_but_not_edits() -> None:
 
 def test_fleet_health_builds_a_valid_scheduled_spark_application() -> None:
     resource = h.example("registrations-region")
-    children = build_children(resource, BuildOptions(spark_image="stream-replicator:0.1.0-spark"))
+    children = build_children(parse_spec(resource), BuildOptions(spark_image="stream-replicator:0.1.0-spark"))
     app = children.by_kind(naming.SCHEDULED_SPARK_APPLICATION)
     assert app is not None
     _validate(app)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
-from replication_operator.model import spec as spec_module
+from replication_operator.model import crd, images
+from replication_operator.model.openapi import fields_without_description
+from replication_operator.model.spec import parse_spec
 
 from tests.operator import helpers as h
 
@@ -91,19 +94,34 @@ def test_every_junctor_field_is_declared_outside() -> None:
                     assert key in node["properties"], f"{path}: {junctor} requires undeclared {key}"
 
 
-def test_defaults_match_the_operator() -> None:
-    """spec.DEFAULTS mirrors the CRD, so objects the API server never defaulted behave the same."""
-    found: dict[str, Any] = {}
+@pytest.mark.parametrize("path", [h.CRD_PATH, h.ROOT / "helm" / "stream-replicator" / "crds" / h.CRD_PATH.name],
+                         ids=["crds", "chart"])
+def test_the_committed_crd_is_the_one_the_typed_models_generate(path: Path) -> None:
+    """One source of truth: the models in operator/model/ (`make crd` writes both files)."""
+    assert path.read_text() == crd.render(), f"{path.relative_to(h.ROOT)} differs from the typed models: run make crd"
+    assert crd.main(["--check", str(path)]) == 0
 
-    def collect(node: dict[str, Any], path: str) -> None:
-        for key, prop in (node.get("properties") or {}).items():
-            dotted = f"{path}.{key}" if path else key
-            if "default" in prop:
-                found[dotted] = prop["default"]
-            collect(prop, dotted)
 
-    collect(h.schema()["properties"]["spec"], "")
-    assert found == spec_module.DEFAULTS
+def test_every_field_has_a_description_for_kubectl_explain() -> None:
+    assert fields_without_description(h.schema()) == []
+    spec = h.schema()["properties"]["spec"]["properties"]
+    assert images.WORKER_IMAGE_ENV in spec["image"]["description"]  # the variable the chart really sets
+    assert images.SPARK_IMAGE_ENV in spec["fleetHealth"]["properties"]["image"]["description"]
+
+
+def test_crd_check_names_a_stale_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stale = tmp_path / h.CRD_PATH.name
+    stale.write_text(crd.render().replace("Subject to copy from the source", "Subject to copy"))
+    assert crd.main(["--check", str(stale)]) == 1
+    assert "differs from the typed models" in capsys.readouterr().err
+    assert crd.main([str(stale)]) == 0 and stale.read_text() == crd.render()
+
+
+@pytest.mark.parametrize("resource", h.example_resources(), ids=lambda r: r["metadata"]["name"])
+def test_an_object_the_api_server_never_defaulted_reads_like_a_defaulted_one(resource: dict[str, Any]) -> None:
+    """The models carry the CRD's defaults (they are its source), so objects written before a default
+    existed, or into the test emulator, behave the same."""
+    assert parse_spec(resource) == parse_spec(h.apply_defaults(h.schema(), resource))
 
 
 def test_defaults_are_valid() -> None:

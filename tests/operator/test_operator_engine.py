@@ -7,6 +7,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+import yaml
 from replication_operator.build import worker_config
 from replication_operator.engine import choice as engine
 from replication_operator.engine import entry as native
@@ -80,7 +81,7 @@ def test_the_crd_accepts_each_engine() -> None:
 ])
 def test_choices_that_need_no_probe(spec: dict[str, Any], chosen: str, reason: str, problem: bool) -> None:
     resource = body(**spec)
-    choice = engine.before_probe(parse_spec(resource), resource["spec"])
+    choice = engine.before_probe(parse_spec(resource))
     assert choice is not None and (choice.engine, choice.reason, choice.problem) == (chosen, reason, problem)
 
 
@@ -217,9 +218,9 @@ def test_target_replicas_reach_both_engines() -> None:
     config = native.target_config({"name": "FLEET", "num_replicas": 1}, spec, "FLEET", entry, "FLEET")
     assert config["num_replicas"] == 3
     worker = worker_config.build_worker_config(spec_of(engine="replicator", target={"replicas": 3}))
-    assert worker["topics"]["fleet"]["target_replicas"] == 3
-    worker_config.validate(worker)
-    assert "target_replicas" not in worker_config.build_worker_config(spec_of())["topics"]["fleet"]
+    assert worker.model.topics["fleet"].target_replicas == 3
+    assert yaml.safe_load(worker.text)["topics"]["fleet"]["target_replicas"] == 3
+    assert "target_replicas" not in yaml.safe_load(worker_config.build_worker_config(spec_of()).text)["topics"]["fleet"]
     for bad in (0, 6, "3", True):
         with pytest.raises(SpecError, match=r"spec\.target\.replicas must be 1 to 5"):
             spec_of(target={"replicas": bad})
@@ -227,9 +228,9 @@ def test_target_replicas_reach_both_engines() -> None:
 
 def test_the_worker_config_takes_the_handover() -> None:
     config = worker_config.build_worker_config(spec_of(engine="replicator"), resume_after=4096)
-    assert config["topics"]["fleet"]["resume_after"] == 4096
-    worker_config.validate(config)
-    assert "resume_after" not in worker_config.build_worker_config(spec_of())["topics"]["fleet"]
+    assert config.model.topics["fleet"].resume_after == 4096
+    assert yaml.safe_load(config.text)["topics"]["fleet"]["resume_after"] == 4096
+    assert "resume_after" not in yaml.safe_load(worker_config.build_worker_config(spec_of()).text)["topics"]["fleet"]
 
 
 def test_a_spec_change_that_nats_would_take_for_a_new_source() -> None:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
-from replication_operator.build.worker_config import build_worker_config, render, validate
+from replication_operator.build.worker_config import build_worker_config
 from replication_operator.model.spec import parse_spec
 
 from replicator.config import Profile, parse_config
@@ -48,15 +48,16 @@ def test_heartbeats_in_the_worker_config(replicas: int, asked: bool | None, elec
     resource["spec"]["replicas"] = replicas
     spec = parse_spec(resource)
     config = build_worker_config(spec)
-    validate(config)
-    assert config["name"] == spec.name
-    assert config["heartbeats"] == {
+    assert config.model.heartbeats is not None and config.model.heartbeats.leader_election is elected
+    written = yaml.safe_load(config.text)
+    assert written["name"] == spec.replicator_name
+    assert written["heartbeats"] == {
         "url": spec.target.url, "interval": "10s", "leader_election": elected, "headers": {},
         "subjects": [{"subject": "a._monitor", "headers": {}}, {"subject": "b._monitor", "headers": {},
                                                                  "interval": "1m"}],
     }
-    assert "heartbeats" not in build_worker_config(parse_spec(h.example("orders-eu") | {"spec": {
-        **h.example("orders-eu")["spec"], "heartbeats": None}}))
+    assert "heartbeats" not in yaml.safe_load(build_worker_config(parse_spec(h.example("orders-eu") | {"spec": {
+        **h.example("orders-eu")["spec"], "heartbeats": None}})).text)
 
 
 async def test_the_worker_runs_the_heartbeats_it_was_given(source_server: LocalNatsServer, source_nc: Client,
@@ -67,7 +68,7 @@ async def test_the_worker_runs_the_heartbeats_it_was_given(source_server: LocalN
     resource["spec"]["target"]["create"] = True
     resource["spec"].pop("start")
     await source_nc.jetstream().add_stream(StreamConfig(name="ORDERS", subjects=["orders.>"]))
-    config = yaml.safe_load(render(build_worker_config(parse_spec(resource))))
+    config = yaml.safe_load(build_worker_config(parse_spec(resource)).text)
     config["state_dir"] = "/tmp"
     parsed = parse_config(config, "configmap")
     process = ReplicatorProcess(parsed, [Profile(parsed, next(iter(parsed.topics)))])
@@ -84,4 +85,4 @@ async def test_the_worker_runs_the_heartbeats_it_was_given(source_server: LocalN
     assert len(beats) >= 2
     assert {(m.headers["site"], m.headers["Choria-SR-Subject"]) for m in beats} == {("eu", "orders.eu._monitor")}
     assert process.heartbeats is not None and process.heartbeats.election is not None
-    assert process.heartbeats.election.key == f"SR_{parse_spec(resource).name}_HB"
+    assert process.heartbeats.election.key == f"SR_{parse_spec(resource).replicator_name}_HB"

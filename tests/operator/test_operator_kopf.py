@@ -9,6 +9,7 @@ import pytest
 import yaml
 from replication_operator.build.children import build_children
 from replication_operator.model import naming
+from replication_operator.model.spec import parse_spec
 from replication_operator.reconcile.reconciler import Reconciler
 
 from tests.operator import helpers as h
@@ -58,7 +59,7 @@ async def test_create_builds_owned_children_and_status(api: Api, operator: Recon
     configmap = api.get(naming.CONFIGMAP, NS, "cmdb-city1-config")
     service = api.get(naming.SERVICE, NS, "cmdb-city1-metrics")
     assert configmap is not None and service is not None
-    expected = build_children(created)
+    expected = build_children(parse_spec(created))
     assert configmap["data"]["config.yaml"] == expected.config_text
     assert _pod_hash(deployment) == expected.config_hash
     for child in (deployment, configmap, service):
@@ -137,7 +138,7 @@ async def test_update_changes_children_and_rolls_pods(api: Api, operator: Reconc
     assert yaml.safe_load(configmap["data"]["config.yaml"])["topics"]["cmdb-city1"]["max_age"] == "2h"
     assert (
         _pod_hash(after)
-        == build_children(api.get(naming.STREAM_REPLICATION, NS, "cmdb-city1") or {}).config_hash
+        == build_children(parse_spec(api.get(naming.STREAM_REPLICATION, NS, "cmdb-city1") or {})).config_hash
     )
     await wait_for(lambda: _status(api).get("observedGeneration") == 2)
     await wait_for(lambda: any("rolling the pods" in e["message"] for e in api.events(NS, "cmdb-city1")))

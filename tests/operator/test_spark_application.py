@@ -23,7 +23,7 @@ from replication_operator.build.spark_application import (
     TLS_DIR,
     build_scheduled_spark_application,
 )
-from replication_operator.model.spec import SpecError
+from replication_operator.model.spec import SpecError, parse_spec
 
 from replicator.fleet_health.cli import add_arguments, connection_from_args
 from tests.operator.helpers import SPARK_CRDS
@@ -133,7 +133,7 @@ def job_args(app: dict[str, Any]) -> argparse.Namespace:
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_built_object_validates_against_the_spark_operator_crd(name: str) -> None:
-    app = build_scheduled_spark_application(SPECS[name])
+    app = build_scheduled_spark_application(parse_spec(SPECS[name]))
     jsonschema.validate(app, spark_schema())
     assert list(pruned_fields(app, spark_schema())) == []
     spec = app["spec"]
@@ -164,7 +164,7 @@ def test_every_built_object_validates_against_the_spark_operator_crd(name: str) 
 
 
 def test_credentials_of_the_advisory_cluster_are_mounted_and_passed() -> None:
-    template = build_scheduled_spark_application(SPECS["target-credentials"])["spec"]["template"]
+    template = build_scheduled_spark_application(parse_spec(SPECS["target-credentials"]))["spec"]["template"]
     mount = [{"name": "central-nats", "path": CREDENTIALS_DIR, "secretType": "Generic"}]
     assert template["driver"]["secrets"] == mount and template["executor"]["secrets"] == mount
     args = job_args({"spec": {"template": template}})
@@ -174,7 +174,7 @@ def test_credentials_of_the_advisory_cluster_are_mounted_and_passed() -> None:
     assert template["executor"]["instances"] == 3 and template["executor"]["memory"] == "2g"
     assert template["image"] == "registry.example.net/stream-replicator:0.1.0-spark"
 
-    source = build_scheduled_spark_application(SPECS["source-cluster"])["spec"]["template"]
+    source = build_scheduled_spark_application(parse_spec(SPECS["source-cluster"]))["spec"]["template"]
     assert source["driver"]["secrets"][0]["name"] == "source-nats"
     args = job_args({"spec": {"template": source}})
     assert args.url == "nats://source.example.net:4222"
@@ -182,7 +182,7 @@ def test_credentials_of_the_advisory_cluster_are_mounted_and_passed() -> None:
 
 
 def test_minimal_spec_uses_defaults_and_finds_the_stream_by_subject() -> None:
-    app = build_scheduled_spark_application(SPECS["minimal-by-subject"])
+    app = build_scheduled_spark_application(parse_spec(SPECS["minimal-by-subject"]))
     template = app["spec"]["template"]
     assert "secrets" not in template["driver"] and "secrets" not in template["executor"]
     args = job_args(app)
@@ -192,7 +192,7 @@ def test_minimal_spec_uses_defaults_and_finds_the_stream_by_subject() -> None:
 
 
 def test_overrides_pass_through() -> None:
-    app = build_scheduled_spark_application(SPECS["suspended-s3a-conf"])
+    app = build_scheduled_spark_application(parse_spec(SPECS["suspended-s3a-conf"]))
     assert app["spec"]["suspend"] is True and app["spec"]["timeZone"] == "Europe/Amsterdam"
     template = app["spec"]["template"]
     assert template["hadoopConf"]["fs.s3a.path.style.access"] == "true"
@@ -212,11 +212,11 @@ def test_unusable_specs_are_refused(change: dict[str, Any], message: str) -> Non
     if "stream" in change:
         del broken["spec"]["advisory"]
     with pytest.raises(SpecError, match=message):
-        build_scheduled_spark_application(broken)
+        build_scheduled_spark_application(parse_spec(broken))
 
 
 def test_tls_and_credentials_secrets_are_mounted_into_driver_and_executors_and_passed_as_paths() -> None:
-    app = build_scheduled_spark_application(SPECS["tls-creds-s3-secret"])
+    app = build_scheduled_spark_application(parse_spec(SPECS["tls-creds-s3-secret"]))
     template = app["spec"]["template"]
     mounts = [
         {"name": "central-nats", "path": CREDENTIALS_DIR, "secretType": "Generic"},
@@ -239,13 +239,13 @@ def test_tls_and_credentials_secrets_are_mounted_into_driver_and_executors_and_p
 
 
 def test_a_tls_secret_with_only_a_ca_passes_only_the_ca() -> None:
-    app = build_scheduled_spark_application(SPECS["tls-creds-s3-secret"], {"central-tls": {"ca.crt"}})
+    app = build_scheduled_spark_application(parse_spec(SPECS["tls-creds-s3-secret"]), {"central-tls": {"ca.crt"}})
     args = job_args(app)
     assert (args.tls_ca, args.tls_cert, args.tls_key) == (f"{TLS_DIR}/ca.crt", None, None)
 
 
 def test_s3a_output_brings_the_hadoop_aws_connector_and_credentials_from_the_secret() -> None:
-    template = build_scheduled_spark_application(SPECS["tls-creds-s3-secret"])["spec"]["template"]
+    template = build_scheduled_spark_application(parse_spec(SPECS["tls-creds-s3-secret"]))["spec"]["template"]
     assert template["deps"] == {"packages": [HADOOP_AWS]}
     assert template["sparkConf"]["spark.jars.ivy"] == IVY_DIR
     assert template["hadoopConf"]["fs.s3a.aws.credentials.provider"] == S3_PROVIDER_ENV
@@ -256,7 +256,7 @@ def test_s3a_output_brings_the_hadoop_aws_connector_and_credentials_from_the_sec
     }
     assert template["driver"]["env"] == template["executor"]["env"]
 
-    identity = build_scheduled_spark_application(SPECS["s3a-pod-identity"])["spec"]["template"]
+    identity = build_scheduled_spark_application(parse_spec(SPECS["s3a-pod-identity"]))["spec"]["template"]
     assert identity["deps"] == {"packages": [HADOOP_AWS]}
     assert "env" not in identity["driver"] and "env" not in identity["executor"]  # no Secret named
     assert identity["hadoopConf"] == {"fs.s3a.aws.credentials.provider": S3_PROVIDER_DEFAULT}
@@ -284,11 +284,11 @@ def test_hadoop_aws_matches_the_hadoop_bundled_in_the_installed_pyspark() -> Non
 )
 def test_object_stores_without_their_connector_are_refused(output: str, changes: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
-        build_scheduled_spark_application(resource(output=output, **changes))
+        build_scheduled_spark_application(parse_spec(resource(output=output, **changes)))
 
 
 def test_a_declared_connector_is_used() -> None:
-    template = build_scheduled_spark_application(SPECS["gcs-with-connector"])["spec"]["template"]
+    template = build_scheduled_spark_application(parse_spec(SPECS["gcs-with-connector"]))["spec"]["template"]
     assert template["deps"] == {"packages": ["com.google.cloud.bigdataoss:gcs-connector:hadoop3-2.2.26"]}
     assert "hadoopConf" not in template
 

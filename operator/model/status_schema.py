@@ -1,0 +1,73 @@
+"""The status subresource as typed models: its schema in the CRD, and what `kubectl explain
+streamreplication.status` shows. model/status.py computes the values the operator writes there."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from replication_operator.model.fields import Model, field
+
+
+class Condition(Model):
+    """A metav1.Condition."""
+
+    type: str = field("Condition type: Ready, Progressing, Degraded, Engine or CertificatesExpiring.",
+                      maxLength=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                                             r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+    status: Literal["True", "False", "Unknown"] = field("Whether the condition holds.")
+    observed_generation: int | None = field("The spec generation the condition was set for.", None,
+                                            format="int64", minimum=0)
+    last_transition_time: str = field("When the condition's status last changed.", format="date-time")
+    reason: str = field("Why, in one CamelCase word (docs/operator.md lists them).",
+                        minLength=1, maxLength=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = field("What the operator saw, for people.", maxLength=32768)
+
+
+class NativeStart(Model):
+    sequence: int | None = field("Source sequence the entry starts at.", None, format="int64")
+    time: str | None = field("Time the entry starts at.", None, format="date-time")
+
+
+class NativeEntry(Model):
+    stream: str | None = field("Target stream carrying the entry.", None)
+    source_stream: str | None = field("Source stream the entry reads.", None)
+    api_prefix: str | None = field("JetStream API prefix the entry reads the source through.", None)
+    filter_subjects: list[str] | None = field("Subjects of the source the entry copies.", None)
+    destinations: list[str] | None = field("Subject transform destinations (`>` when subjects are kept).", None)
+    start: NativeStart | None = field("Where the entry starts when NATS has no position of its own for it.", None)
+
+
+class Fleet(Model):
+    nodes: int | None = field("Nodes in the last fleet-health summary.", None, format="int64")
+    healthy: int | None = field("Nodes whose last advisory was `new` or `recover`.", None, format="int64")
+    timeout: int | None = field("Nodes whose last advisory was `timeout` (gone quiet).", None, format="int64")
+    expired: int | None = field("Nodes whose last advisory was `expire` (retired).", None, format="int64")
+    availability: float | None = field("healthy / (healthy + timeout); absent when no node reports.", None)
+    last_run: str | None = field("When the fleet-health job last ran.", None, format="date-time")
+
+
+class StreamReplicationStatus(Model):
+    """What the operator observed."""
+
+    observed_generation: int | None = field("The spec generation the status was computed for.", None,
+                                            format="int64", minimum=0)
+    conditions: list[Condition] | None = field(
+        "Ready, Progressing and Degraded; Engine (which engine runs, and why); CertificatesExpiring when TLS "
+        "Secrets are mounted.", None, **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    replicas: int | None = field("Worker pods that exist (the scale subresource's status replicas).", None,
+                                 format="int32")
+    ready_replicas: int | None = field("Worker pods that are ready.", None, format="int32")
+    selector: str | None = field("Label selector of the worker pods (the scale subresource's, for an HPA).", None)
+    lag: int | None = field(
+        "Messages not yet copied: the replicator consumer's pending count, or NATS's lag for the native engine's "
+        "source entry.", None, format="int64")
+    last_active: str | None = field(
+        "Last time the replicator's consumer acknowledged a message, or NATS last saw the native engine's source.",
+        None, format="date-time")
+    engine: Literal["native", "replicator"] | None = field(
+        "The engine in charge; the Engine condition says why it was chosen.", None)
+    resume_after: int | None = field(
+        "The last source sequence the native engine delivered before the replicator took over: the replicator "
+        "starts after it.", None, format="int64")
+    native: NativeEntry | None = field("The native engine's source entry, as the operator wrote it.", None)
+    fleet: Fleet | None = field("Fleet totals from the fleet-health job's summary.", None)
