@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The image repository `make image` tags; the Helm chart's `image.repository` and the operator's
-# default images (operator/images.py) name the same one, tests/packaging checks that they agree.
+# default images (operator/model/images.py) name the same one, tests/packaging checks that they agree.
 REPOSITORY = "ghcr.io/stream-replicator/stream-replicator"
 REGISTRY_BASE = "python:3.11-slim-bookworm"
 STANDIN_BASE = "localhost/stream-replicator-base:python3.11-bookworm"  # images/bootstrap-base's default

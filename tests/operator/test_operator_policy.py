@@ -1,6 +1,6 @@
 """The tenancy policy: what a StreamReplication's author may choose, and what a refusal does.
 
-The pure rules first (operator/policy.py, the flags and environment that set them), then each rule
+The pure rules first (operator/checks/policy.py, the flags and environment that set them), then each rule
 with the real operator against the API emulator: refused on create (condition, Event, nothing
 built), built once the rule is loosened (a restart with new settings, or the Secret's owner
 labelling it), and an edit the rule refuses leaving the running children exactly as they were.
