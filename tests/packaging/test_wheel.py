@@ -8,9 +8,11 @@ venv's editable install of this project is invisible: the project is imported fr
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -192,6 +194,64 @@ def test_wheel_contents(wheel: Path) -> None:
         assert f"replicator/schemas/{schema.name}" in names
     if (REPO / "replicator" / "fleet_health" / "app.py").exists():
         assert "replicator/fleet_health/app.py" in names
+
+
+# The `test` extra's distributions by the top-level module each is imported as (a new test extra
+# must be named here, so the tests below block it too).
+TEST_EXTRA_MODULES = {
+    "stream-replicator": None, "pytest": "pytest", "pytest-asyncio": "pytest_asyncio", "pytest-timeout":
+    "pytest_timeout", "pytest-xdist": "xdist", "hypothesis": "hypothesis", "kmock": "kmock", "cel-python": "celpy",
+    "kubernetes-validate": "kubernetes_validate", "helm-python-sdk": "helm_python", "jsonschema": "jsonschema",
+    "ruff": "ruff", "mypy": "mypy", "types-PyYAML": None, "pillow": "PIL", "setuptools": "setuptools",
+    "jsonpatch": "jsonpatch",
+}
+TEST_ONLY = sorted({m for m in TEST_EXTRA_MODULES.values() if m} | {"tests"})
+
+
+def test_every_test_extra_is_known() -> None:
+    extras = {re.split(r"[<>=\[ ]", d, maxsplit=1)[0] for d in PYPROJECT["project"]["optional-dependencies"]["test"]}
+    assert extras <= set(TEST_EXTRA_MODULES), f"name the module of {extras - set(TEST_EXTRA_MODULES)} above"
+
+
+def test_the_wheel_ships_no_test_harness(wheel: Path) -> None:
+    """The API emulator lives in tests/support/ (it was `replication_operator.testing`): no module of the
+    wheel is a test module or imports a test extra (jsonpatch is kopf's own dependency, not ours)."""
+    with zipfile.ZipFile(wheel) as zf:
+        sources = {n: zf.read(n).decode() for n in zf.namelist() if n.endswith(".py")}
+    assert not [n for n in sources if n.rsplit("/", 1)[-1] in ("testing.py", "conftest.py", "kube_emulator.py")]
+    found = []
+    for name, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                       else [])
+            found += [f"{name} imports {m}" for m in modules if m.split(".")[0] in TEST_ONLY]
+    assert not found, found
+
+
+# Imports every module of the operator with the test extras made unimportable, as on a machine that
+# installed the wheel without them.
+WITHOUT_TEST_EXTRAS = """
+import importlib, importlib.abc, pkgutil, sys
+BLOCKED = set(sys.argv[1:])
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{name} is a test extra", name=name)
+        return None
+sys.meta_path.insert(0, Absent())
+import replication_operator
+names = [m.name for m in pkgutil.walk_packages(replication_operator.__path__, "replication_operator.")]
+for name in names:
+    importlib.import_module(name)
+print(len(names))
+"""
+
+
+def test_the_operator_imports_without_the_test_extras(venv: Path) -> None:
+    blocked = [m for m in TEST_ONLY if m != "jsonpatch"]  # kopf imports jsonpatch itself
+    out = check([str(venv / "bin" / "python"), "-c", WITHOUT_TEST_EXTRAS, *blocked], cwd=venv).stdout
+    assert int(out) >= 40, out  # every module of the operator's sub-packages
 
 
 def test_hot_modules_are_compiled_in_the_compiled_build_only(build: str, wheel: Path, venv: Path) -> None:
