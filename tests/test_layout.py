@@ -178,6 +178,30 @@ def test_no_import_cycles() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
+# Modules being split or reworked elsewhere (the ordered copier, the KV store): not held to this yet.
+CATCH_ALLS_PENDING = {"replicator/copier/ordered.py", "replicator/copier/shutdown.py",
+                      "replicator/sampling/state/kv.py"}
+
+
+def test_catch_alls_say_why() -> None:
+    """`except Exception` (BaseException, or a bare except) stays only at a boundary that needs it, and
+    its line says why: elsewhere catch what the call raises (replicator/transport/errors.py for NATS)."""
+    silent = []
+    for path in sorted(p for folder in PACKAGES.values() for p in folder.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in CATCH_ALLS_PENDING:
+            continue
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.ExceptHandler):
+                continue
+            caught = "bare" if node.type is None else ast.unparse(node.type)
+            if caught in ("bare", "Exception", "BaseException") and "#" not in lines[node.lineno - 1]:
+                silent.append(f"{rel}:{node.lineno}")
+    assert not silent, "a catch-all without its reason:\n" + "\n".join(silent)
+
+
 @pytest.mark.parametrize("module", sorted(all_modules()))
 def test_modules_stay_small(module: str) -> None:
     lines = all_modules()[module].read_text().count("\n")

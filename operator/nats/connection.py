@@ -21,7 +21,11 @@ from nats.aio.client import Client
 from replication_operator.model.spec import TLS_CA, TLS_CERT, TLS_KEY, Endpoint
 
 from replicator.config import redact_url
+from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.material import Material, MaterialError, MaterialFiles, build
+
+# What connecting fails with: the servers or the way to them (NATS_ERRORS), or a server URL nats-py cannot parse.
+CONNECT_FAILURES: tuple[type[BaseException], ...] = (*NATS_ERRORS, ValueError)
 
 
 class NatsStatusError(Exception):
@@ -114,7 +118,7 @@ async def connect(url: str, auth: Auth, time_limit: float) -> Client:
     options["disconnected_cb"] = _no_callback
     try:
         return await asyncio.wait_for(nats.connect(**options), time_limit)
-    except Exception as err:
+    except CONNECT_FAILURES as err:
         raise NatsStatusError(f"cannot connect to {redact_url(url)}: {describe(err)}") from None
 
 

@@ -15,6 +15,8 @@ from nats.js.errors import NotFoundError
 from replication_operator.model.spec import ReplicationSpec
 from replication_operator.nats.connection import Auth, NatsStatusError, connect, describe
 
+from replicator.transport.errors import NATS_ERRORS
+
 SUMMARY_KEY = "summary"
 
 
@@ -114,7 +116,7 @@ async def read_consumer(spec: ReplicationSpec, auth: Auth, time_limit: float) ->
             raise NatsStatusError(
                 f"consumer {spec.consumer_name} not found on {where} (not started yet?)"
             ) from None
-        except Exception as err:
+        except NATS_ERRORS as err:
             raise NatsStatusError(f"cannot read consumer {spec.consumer_name}: {describe(err)}") from None
         return consumer_fields(info)
     finally:
@@ -133,7 +135,7 @@ async def read_fleet(spec: ReplicationSpec, auth: Auth, time_limit: float) -> Fl
             entry = await kv.get(SUMMARY_KEY)
         except NotFoundError:
             raise NatsStatusError(f"no fleet summary yet (bucket {bucket}, key {SUMMARY_KEY})") from None
-        except Exception as err:
+        except NATS_ERRORS as err:
             raise NatsStatusError(f"cannot read fleet summary from {bucket}: {describe(err)}") from None
         raw = entry.value or b""
         return FleetSummary(fleet_fields(raw), fleet_sites(raw))

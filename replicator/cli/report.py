@@ -48,7 +48,7 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
     try:
         nc = await connect_once(profile, "source", f"{profile.base_name}_report", allow_reconnect=False,
                                 max_reconnect_attempts=0, connect_timeout=timeout)
-    except Exception as err:
+    except Exception as err:  # a row reports whatever kept its profile from being read; the others still print
         row.error = f"source unreachable: {err or type(err).__name__}"
         return row
     try:
@@ -63,7 +63,7 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
         stuck = stuck_notes(metadata)
         if stuck:  # noted by the workers themselves: an error they cannot classify keeps failing
             row.error = f"stuck: {stuck}"
-    except Exception as err:
+    except Exception as err:  # as above: the row says what went wrong
         row.error = str(err) or type(err).__name__
         if "consumer not found" in row.error.lower():
             row.error = "consumer not found: the replicator has not started yet"

@@ -55,6 +55,7 @@ from replicator.copier import durable
 from replicator.copier.endpoints import PUBLISH_TIMEOUT, Endpoints
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
+from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.fastbatch import BatchRouter, FastBatch
 from replicator.transport.jetstream import PublishError
 from replicator.transport.streams import set_consumer_note
@@ -149,7 +150,7 @@ class BatchWriter:
         self.checked_at = now
         try:
             info = await ep.target_js.stream_info(ep.target_stream)
-        except Exception:  # unreachable or gone: the copy's own failures tell of it
+        except NATS_ERRORS:  # unreachable or gone: the copy's own failures tell of it
             return
         chained = not clustered(info)
         if chained != self.chained:
@@ -222,7 +223,7 @@ class BatchWriter:
         first = b.sent + 1
         try:
             await b.send(messages)
-        except Exception as err:  # not written, or only partly: only the target can tell
+        except NATS_ERRORS as err:  # not written, or only partly: only the target can tell
             b.sent = first + len(messages) - 1
             b.fail(PublishError(f"batch publish failed: {type(err).__name__}: {err}"))
         return b, first
@@ -257,7 +258,7 @@ class BatchWriter:
         try:
             log.debug("%s batch %s commits after %d messages (%d confirmed)", self.worker, b.id, b.sent, b.acked)
             await b.commit()
-        except Exception as err:
+        except NATS_ERRORS as err:  # the commit not sent: the batch's messages are unconfirmed
             b.fail(PublishError(f"batch commit failed: {type(err).__name__}: {err}"))
         return 1.0
 

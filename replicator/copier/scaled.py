@@ -36,6 +36,7 @@ from replicator.copier.poison import StuckWatch, describe, give_up
 from replicator.copier.transform import MessageTransform
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
+from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.jetstream import (
     Publisher,
     PublishError,
@@ -45,7 +46,7 @@ from replicator.transport.jetstream import (
     nak,
     term,
 )
-from replicator.transport.streams import ack_floor
+from replicator.transport.streams import StreamSetupError, ack_floor
 from replicator.transport.wire import (
     ACK_CONSUMER_SEQ,
     ACK_DELIVERED,
@@ -59,6 +60,17 @@ from replicator.transport.wire import (
 log = logging.getLogger(__name__)
 
 GROUP_READ_EVERY = 10.0  # seconds between a process's reads of the group durable's ack floor
+
+
+class BindError(Exception):
+    """The group's durable cannot be bound yet: the stream was created again while binding, or a
+    durable created afresh stays behind the handover. The worker backs off and binds again."""
+
+
+# What binding, and reading the source stream, fail with when the servers or the stream are not (yet) as
+# they should be: the worker backs off and tries again. Anything else is a bug and stops it.
+READ_FAILURES: tuple[type[BaseException], ...] = (*NATS_ERRORS, StreamSetupError)
+BIND_FAILURES: tuple[type[BaseException], ...] = (*READ_FAILURES, BindError)
 
 
 class GroupState:
@@ -137,7 +149,7 @@ class ScaledWorker:
             group.floor, group.floor_of = 0, None
             with contextlib.suppress(NotFoundError):
                 await ep.source_js.delete_consumer(ep.source_stream, ep.profile.group_name)
-            raise RuntimeError(f"source stream {ep.source_stream} was created again while binding")
+            raise BindError(f"source stream {ep.source_stream} was created again while binding")
         self.transform.set_writer(identity)
         group.note(durable, identity)
         await self._read_features()
@@ -156,7 +168,7 @@ class ScaledWorker:
         duplicates of the old stream's copies with the same sequences."""
         try:
             await self._bind()
-        except Exception as err:
+        except BIND_FAILURES as err:
             log.warning("%s cannot bind consumer: %s", self.ep.worker, err)
             await self.stopper.sleep(backoff.next())
             return
@@ -170,7 +182,7 @@ class ScaledWorker:
         ep = self.ep
         try:
             identity = await source_identity(ep)
-        except Exception as err:
+        except READ_FAILURES as err:
             log.warning("%s cannot read source stream %s: %s", ep.worker, ep.source_stream, err)
             self.bound = False
             return
@@ -262,7 +274,7 @@ class ScaledWorker:
         ep = self.ep
         try:
             info = await ep.source_js.consumer_info(ep.source_stream, ep.profile.group_name)
-        except Exception as err:  # deleted (the next pull says so), or the source unreachable
+        except NATS_ERRORS as err:  # deleted (the next pull says so), or the source unreachable
             log.debug("%s cannot read consumer %s: %s", ep.worker, ep.profile.group_name, err)
             return
         floor = self.group.note(info, self.transform.writer.identity)
@@ -383,7 +395,7 @@ async def ensure_group_consumer(ep: Endpoints, max_in_flight: int, creating: asy
                 return info
             log.warning("%s: consumer %s came back at %d, behind %d: replacing it again", ep.worker, name,
                         delivered, handed_over)
-        raise RuntimeError(f"consumer {name} stays behind sequence {handed_over} after {FRESH_ATTEMPTS} attempts")
+        raise BindError(f"consumer {name} stays behind sequence {handed_over} after {FRESH_ATTEMPTS} attempts")
 
 
 async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str,
@@ -418,7 +430,7 @@ async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str,
     )
     try:
         info = await ep.source_js.add_consumer(ep.source_stream, config)
-    except Exception:
+    except NATS_ERRORS:
         # Another worker or pod created it first with the same settings: bind to that one.
         info = await ep.source_js.consumer_info(ep.source_stream, name)
     return (info.delivered.stream_seq or 0 if info.delivered else 0), info

@@ -40,6 +40,7 @@ from replicator.demo.tree import (
 )
 from replicator.observe.metrics import Metrics
 from replicator.service.runner import Replicator
+from replicator.transport.errors import NATS_ERRORS
 
 REPORT_NAME = Path("stream-replicator-demo") / "fleet-health.html"
 
@@ -83,7 +84,7 @@ def progress_line(replicators: dict[str, Replicator], published: int, elapsed: f
 async def _count(nc: Client, stream: str) -> int:
     try:
         return int((await nc.jetstream().stream_info(stream)).state.messages)
-    except Exception:
+    except NATS_ERRORS:  # not there yet
         return 0
 
 

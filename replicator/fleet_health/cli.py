@@ -123,7 +123,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             subject=args.subject,
             quiet=not args.verbose,
         )
-    except Exception as exc:
+    except Exception as exc:  # the command's boundary: one line and exit 1 (the traceback with --verbose)
         log.debug("fleet-health failed", exc_info=True)
         print(f"fleet-health: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

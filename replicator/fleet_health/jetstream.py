@@ -182,7 +182,7 @@ class RangeReader:
             return
         try:
             self._take(msg)
-        except Exception as exc:  # reported by next_chunk, not to the parser
+        except Exception as exc:  # inside nats-py's parser: whatever a bad delivery raises goes to next_chunk
             self._finish(JetStreamReadError(f"unreadable delivery: {exc}"))
 
     def _take(self, msg: Msg) -> None:

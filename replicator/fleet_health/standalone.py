@@ -94,7 +94,7 @@ class StandaloneSpark:
                                    "--memory", self.memory, "--work-dir", str(self.work_dir), self.url], env)
             self._wait(lambda status: status.get("aliveworkers", 0) >= 1 and status.get("cores", 0) >= self.cores,
                        timeout, "worker")
-        except BaseException:
+        except BaseException:  # whatever stopped the start (Ctrl-C too): the processes started so far go
             self.close()
             raise
         return self

@@ -79,7 +79,7 @@ class Heartbeats:
         try:
             self.nc = await connect(self.profile, "source", f"{self.profile.base_name}_{self.hostname}",
                                     stopping=lambda: self._stop.is_set())
-        except Exception:
+        except Exception:  # a connect cut short by stop() fails with whatever it was doing: no error then
             if self._stop.is_set():
                 return
             raise

@@ -274,7 +274,7 @@ class Advisor:
             self._scan_now.clear()
             try:
                 await self.scan()
-            except Exception:
+            except Exception:  # the scanner outlives a failed scan (logged with its traceback): advising goes on
                 log.exception("advisory scan failed")
 
     async def _worker(self) -> None:
@@ -282,7 +282,7 @@ class Advisor:
             key = await self._queue.get()
             try:
                 await self._advise(key)
-            except Exception:
+            except Exception:  # one sender's advisory failing (logged) must not stop the others
                 log.exception("advisory for %r failed", key)
             finally:
                 self._queued.discard(key)

@@ -26,6 +26,7 @@ import nats.js.errors
 from replicator.config.model import Profile
 from replicator.observe.gometrics import Sample
 from replicator.observe.metrics import WorkerMetrics
+from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.kv import EXPECT_LAST, WRONG_LAST_SEQUENCE, find_or_create_bucket
 from replicator.transport.tasks import cancel_and_wait
 
@@ -157,7 +158,7 @@ class LeaderElection:
                     ),
                     self.op_timeout,
                 )
-            except Exception as err:  # it expires on its own after the TTL
+            except NATS_ERRORS as err:  # it expires on its own after the TTL
                 log.warning("could not release leadership of %s: %s", self.key, err)
         await self._set(False, "stopped")
         if self._notifier is not None:
@@ -223,7 +224,7 @@ class LeaderElection:
             if err.err_code in WRONG_LAST_SEQUENCE:
                 await self._learn_revision()
             return
-        except Exception as err:
+        except NATS_ERRORS as err:
             log.debug("election %s: campaign failed: %s", self.key, err)
             return
         self._renewed_at = sent
@@ -239,7 +240,7 @@ class LeaderElection:
         except nats.js.errors.NotFoundError:
             self._rev = 0
             return
-        except Exception:
+        except NATS_ERRORS:  # learnt at the next campaign
             return
         headers = msg.headers or {}
         deleted = headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
@@ -258,7 +259,7 @@ class LeaderElection:
                 await self._set(False, "lost the lock to another candidate")
                 return
             rev = 0
-        except Exception as err:
+        except NATS_ERRORS as err:
             log.debug("election %s: renewal failed: %s", self.key, err)
             rev = 0
         if rev:
@@ -293,6 +294,6 @@ class LeaderElection:
                 result = cb(leader)
                 if inspect.isawaitable(result):
                     await result
-            except Exception:
+            except Exception:  # a listener's bug (logged with its traceback) must not stop the election
                 log.exception("election %s: on_change callback failed", self.key)
 

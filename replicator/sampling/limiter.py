@@ -345,7 +345,7 @@ class Limiter:
         assert self.on_new is not None
         try:
             self.on_new(key)
-        except Exception:
+        except Exception:  # the advisor's bug (logged with its traceback) must not stop replication
             log.exception("on_new callback failed for %r", key)
 
     def flush(self) -> None:

@@ -19,6 +19,7 @@ from replicator.observe.metrics import Metrics, WorkerMetrics
 from replicator.observe.monitor import MonitorServer
 from replicator.service.sampling_plane import SamplingPlane
 from replicator.transport.connections import ConnectError, connect, material_for
+from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.streams import StreamSetupError, ensure_target_stream, find_source_stream
 from replicator.transport.tasks import cancel_and_wait
 
@@ -167,7 +168,7 @@ class Replicator:
             except asyncio.CancelledError:
                 if not self.stopper.stopping:
                     raise
-            except Exception as err:
+            except NATS_ERRORS as err:
                 if not self.stopper.stopping:
                     log.warning("stream set-up failed: %s (retrying)", err)
             await self.stopper.sleep(delay)

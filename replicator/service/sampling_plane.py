@@ -102,7 +102,7 @@ class SamplingPlane:
         if self.store is not None:
             try:
                 await self.store.close()
-            except Exception as err:
+            except Exception as err:  # shutting down: a store that cannot save must not keep the rest open
                 log.warning("limiter state not saved: %s", err)
         if self.control is not None and not self.control.is_closed:
             with contextlib.suppress(Exception):

@@ -347,7 +347,7 @@ class _FirstConnect:
                     raise ConnectError(f"{self.side} connection to {self.where} failed: {fatal.result()}")
                 if stopping():
                     raise ConnectError(f"{self.side} connection to {self.where}: stopped before connecting")
-        except BaseException:
+        except BaseException:  # given up, stopped or cancelled: the attempt and its connection go, then it propagates
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task

@@ -22,6 +22,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 from nats.js import api
 
+from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.header_block import encode, status
 from replicator.transport.wire import (
     RawMsg,
@@ -253,7 +254,7 @@ class Publisher:
         hdr = headers if headers is None or isinstance(headers, bytes) else encode(headers)
         try:
             await send_hpub(self.nc, subject, f"{self._prefix}.{token}", hdr, data)
-        except Exception as err:
+        except NATS_ERRORS as err:
             self._futures.pop(token, None)
             fut.set_exception(PublishError(f"publish failed: {type(err).__name__}: {err}"))
         return fut
@@ -282,7 +283,7 @@ class Publisher:
         if parts:
             try:
                 await send_frames(self.nc, parts, size, sent)
-            except Exception as err:
+            except NATS_ERRORS as err:
                 for token in tokens:
                     key = self._futures.pop(token, None) if token else None
                     if key is not None:
@@ -335,7 +336,7 @@ async def ack(nc: Client, reply: str, on_error: Callable[[], None]) -> None:
     """A fire-and-forget +ACK; a failure is counted, and the message comes back after ack_wait."""
     try:
         await nc.publish(reply, b"+ACK")
-    except Exception:
+    except NATS_ERRORS:
         on_error()
 
 
@@ -345,7 +346,7 @@ async def ack_many(nc: Client, replies: list[str], on_error: Callable[[], None])
         return
     try:
         await send_frames(nc, [b"PUB %s 4\r\n+ACK\r\n" % r.encode() for r in replies], 4 * len(replies), len(replies))
-    except Exception:
+    except NATS_ERRORS:
         for _ in replies:
             on_error()
 
@@ -353,14 +354,14 @@ async def ack_many(nc: Client, replies: list[str], on_error: Callable[[], None])
 async def nak(nc: Client, reply: str, delay: float, on_error: Callable[[], None]) -> None:
     try:
         await nc.publish(reply, b"-NAK " + json.dumps({"delay": int(delay * 1e9)}).encode())
-    except Exception:
+    except NATS_ERRORS:
         on_error()
 
 
 async def term(nc: Client, reply: str, on_error: Callable[[], None]) -> None:
     try:
         await nc.publish(reply, b"+TERM")
-    except Exception:
+    except NATS_ERRORS:
         on_error()
 
 

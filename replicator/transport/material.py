@@ -268,7 +268,7 @@ def _identity(seed: bytes, seed_where: str, jwt: bytes | None, jwt_where: str | 
         kp = nkeys.from_seed(bytearray(seed))
         public = kp.public_key.decode()
         kp.wipe()
-    except Exception:
+    except (nkeys.NkeysError, ValueError, TypeError):  # its own, base32's and nacl's words for a bad seed
         raise MaterialError(seed_where, "not an nkey seed (incomplete or damaged?)") from None
     if not public.startswith("U"):
         raise MaterialError(seed_where, "is not a user nkey seed")

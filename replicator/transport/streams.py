@@ -105,7 +105,7 @@ def batches_supported(js: JetStreamContext) -> bool:
     try:
         version = js._nc.connected_server_version
         return (version.major, version.minor) >= (2, 14)
-    except Exception:  # no version known: leave the stream as the source has it
+    except (AttributeError, ValueError):  # no server info yet, or a version nats-py cannot read
         return False
 
 

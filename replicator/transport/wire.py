@@ -29,6 +29,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError, MaxPayloadError, OutboundBufferLimitError, ProtocolError
 from nats.protocol.parser import AWAITING_MSG_PAYLOAD, MAX_CONTROL_LINE_SIZE, Parser
 
+from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.header_block import HeaderView, view
 
 log = logging.getLogger(__name__)
@@ -324,7 +325,7 @@ async def unsubscribe_raw(nc: Client, sub: Subscription) -> None:
         parser.register_batches(sub._id, None)
     try:
         await sub.unsubscribe()
-    except Exception:  # closed or reconnecting: nothing more will arrive for it
+    except NATS_ERRORS:  # closed or reconnecting: nothing more will arrive for it
         pass
 
 

@@ -82,7 +82,7 @@ def _write_atomically(path: Path, data: dict[str, Any]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # whatever stopped the write: no half-written temporary file is left, then it propagates
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise

@@ -71,7 +71,7 @@ class MemoryStore:
         for listener in self.listeners:
             try:
                 listener(key)
-            except Exception:
+            except Exception:  # one listener's bug (logged with its traceback) must not starve the others
                 log.exception("state listener failed for %r", key)
 
     def _worth_a_look(self, s: Sender) -> bool:
@@ -90,7 +90,7 @@ class MemoryStore:
             await asyncio.sleep(self.interval)
             try:
                 await self.scrub(self.clock())
-            except Exception:
+            except Exception:  # the maintenance loop outlives a failed scrub (logged with its traceback)
                 log.exception("scrubbing the limiter state failed")
 
     async def scrub(self, now: float) -> int:
