@@ -2,8 +2,8 @@
 
 `make image` tags exactly these references (images/build.py: the repository plus pyproject.toml's
 version, `-spark` for the Spark target), and the Helm chart's defaults resolve to the same; the chart
-passes its choice in the environment variables below. tests/packaging/test_image_references.py keeps
-the three in step.
+passes its choice in the environment variables below. tests/packaging/test_image_build.py and
+tests/helm/test_chart.py keep the three in step.
 """
 
 from __future__ import annotations

@@ -87,10 +87,6 @@ def auth_from_secrets(endpoint: Endpoint, secrets: Mapping[str, Mapping[str, byt
                 username=basic.get("username"), password=basic.get("password"))
 
 
-def ssl_context(auth: Auth) -> ssl.SSLContext:
-    return auth.material().ssl_context or ssl.create_default_context()
-
-
 async def connect(url: str, auth: Auth, time_limit: float) -> Client:
     servers = [u.strip() for u in url.split(",") if u.strip()]
     options: dict[str, Any] = {

@@ -43,17 +43,6 @@ def _parse(value: object) -> float:
     return total
 
 
-def format_duration(seconds: float) -> str:
-    """The shortest exact unit form, for configs the operator writes."""
-    whole = int(seconds)
-    if whole != seconds:
-        return f"{int(seconds * 1000)}ms"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if whole and whole % size == 0:
-            return f"{whole // size}{unit}"
-    return f"{whole}s"
-
-
 # The Go Stream Replicator's durations (`util.ParseDurationString`): the last character picks the
 # parser. `d`/`D`, `w`/`W`, `M` (30 days) and `Y`/`y` (365 days) take one decimal number; anything
 # ending in `s`, `m`, `h` or `H` is Go's `time.ParseDuration` (`1h30m`, `500ms`, `1.5h`).

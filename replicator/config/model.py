@@ -34,12 +34,6 @@ from replicator.config.urls import UrlOptions, split_urls, url_options
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
-def _no_wildcards(value: str, what: str) -> str:
-    if any(ch in value for ch in " \t*>"):
-        raise ValueError(f"{what} {value!r} must not contain spaces or wildcards")
-    return value
-
-
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

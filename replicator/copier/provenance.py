@@ -89,10 +89,6 @@ class Provenance:
         return self.writer is None
 
 
-def choria_source(source_stream: str, seq: int, replicator: str, name: str, timestamp_ns: int) -> str:
-    return f"{source_stream} {seq} {replicator} {name} {timestamp_ns // 1_000_000}"
-
-
 def parse_choria_source(value: str | None, source_stream: str, replicator: str, name: str) -> int:
     """The source sequence in a `Choria-SR-Source` header written for this stream by this
     replicator and stream name; 0 otherwise."""

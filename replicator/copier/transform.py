@@ -74,7 +74,7 @@ class MessageTransform:
         msg_id = b"%s:%d" % (self._wid, seq)
         head = b"%s%s%d%s%d%s%s\r\n" % (applied.head, self._prov, seq, self._name, ts_ns // 1_000_000, self._tail,
                                          msg_id)
-        if self._choria:  # `choria_source`, as a template too
+        if self._choria:  # `<stream> <seq> <replicator> <name> <ms>`, as parse_choria_source reads it
             head += b"%s%d%s%d\r\n" % (self._choria, seq, self._choria_name, ts_ns // 1_000_000)
         return Copy(self.rewrite(msg.subject), head, msg_id, b"" if applied.empty_payload else msg.data,
                     applied.chainable)

@@ -251,16 +251,3 @@ class RangeReader:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-async def read_all(nc: Client, stream: str, start: int, end: int, *, batch: int = 1000) -> Columns:
-    """One range in one process: the plain baseline the Spark read is measured against."""
-    result = Columns()
-    async with RangeReader(nc, stream, start, end, batch=batch) as reader:
-        while (chunk := await reader.next_chunk()) is not None:
-            result.sequence += chunk.sequence
-            result.subject += chunk.subject
-            result.time_us += chunk.time_us
-            result.headers += chunk.headers
-            result.data += chunk.data
-    return result

@@ -10,7 +10,6 @@ replicators never share a key.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,23 +23,10 @@ SUMMARY_KEY = "summary"
 SUMMARY_SCHEMA_ID = "stream-replicator/v1/fleet_health_summary"
 SITE_SCHEMA_ID = "stream-replicator/v1/fleet_health_site"
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-_ESCAPE = re.compile(r"=([0-9A-F]{2})")
 
 
 def key_token(name: str) -> str:
     return "".join(chr(b) if b in _SAFE else f"={b:02X}" for b in name.encode("utf-8"))
-
-
-def token_name(token: str) -> str:
-    """The inverse of `key_token`."""
-    raw = bytearray()
-    pos = 0
-    for match in _ESCAPE.finditer(token):
-        raw += token[pos : match.start()].encode("ascii")
-        raw.append(int(match.group(1), 16))
-        pos = match.end()
-    raw += token[pos:].encode("ascii")
-    return raw.decode("utf-8")
 
 
 def site_key(replicator: str) -> str:
@@ -100,17 +86,5 @@ async def publish_summary(
             await kv.put(key, _encode(document))
         # Last: a reader that sees the new summary also finds the site keys of the same run.
         await kv.put(SUMMARY_KEY, _encode(summary))
-    finally:
-        await nc.close()
-
-
-async def read_summary(
-    url: NatsConnection | str, bucket: str = DEFAULT_BUCKET, credentials: str | None = None
-) -> dict[str, Any]:
-    nc = await connect(url, credentials, name="fleet-health-reader")
-    try:
-        kv = await nc.jetstream().key_value(bucket)
-        entry = await kv.get(SUMMARY_KEY)
-        return dict(json.loads(entry.value or b"{}"))
     finally:
         await nc.close()

@@ -125,10 +125,3 @@ def identifier(settings: TopicConfig) -> Identify:
         return scalar_key(value), False
 
     return top_level
-
-
-def extract_key(
-    settings: TopicConfig, subject: str, headers: Mapping[str, str] | None, payload: bytes
-) -> str | None:
-    """The sender identity of one message, or None when it has none (never raises)."""
-    return identifier(settings)(subject, headers, payload)[0]

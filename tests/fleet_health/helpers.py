@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from nats.aio.client import Client
 
 from replicator.fleet_health.connection import NatsConnection, connect
+from replicator.fleet_health.jetstream import Columns, RangeReader
+from replicator.fleet_health.summary import DEFAULT_BUCKET, SUMMARY_KEY
 
 T0 = 1_700_000_000
 NOW = T0 + 10_000
@@ -202,3 +205,29 @@ async def fill_advisories(connection: NatsConnection, stream: str = "ADVISORIES"
         await publish(nc, MESSAGES)
     finally:
         await nc.close()
+
+
+async def read_summary(
+    url: NatsConnection | str, bucket: str = DEFAULT_BUCKET, credentials: str | None = None
+) -> dict[str, Any]:
+    """The job's summary as the KV bucket holds it."""
+    nc = await connect(url, credentials, name="fleet-health-reader")
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        entry = await kv.get(SUMMARY_KEY)
+        return dict(json.loads(entry.value or b"{}"))
+    finally:
+        await nc.close()
+
+
+async def read_all(nc: Client, stream: str, start: int, end: int, *, batch: int = 1000) -> Columns:
+    """One range in one process, read whole: what a test compares the Spark read with."""
+    result = Columns()
+    async with RangeReader(nc, stream, start, end, batch=batch) as reader:
+        while (chunk := await reader.next_chunk()) is not None:
+            result.sequence += chunk.sequence
+            result.subject += chunk.subject
+            result.time_us += chunk.time_us
+            result.headers += chunk.headers
+            result.data += chunk.data
+    return result

@@ -21,8 +21,7 @@ from replication_operator.model.spec import parse_spec
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.cli import add_arguments, run_from_args
 from replicator.fleet_health.connection import NatsConnection
-from replicator.fleet_health.summary import read_summary
-from tests.fleet_health.helpers import EXPECTED_FLEET, MESSAGES, NOW, fill_advisories
+from tests.fleet_health.helpers import EXPECTED_FLEET, MESSAGES, NOW, fill_advisories, read_summary
 
 pytestmark = pytest.mark.spark
 

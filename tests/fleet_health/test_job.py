@@ -23,7 +23,6 @@ from replicator.fleet_health.cli import add_arguments, run_from_args
 from replicator.fleet_health.history import read_history
 from replicator.fleet_health.job import FleetHealthResult, run_fleet_health
 from replicator.fleet_health.report import format_tables
-from replicator.fleet_health.summary import read_summary
 from replicator.fleet_health.transforms import NODE_COLUMNS
 from tests.fleet_health.helpers import (
     BAD,
@@ -37,6 +36,7 @@ from tests.fleet_health.helpers import (
     VALID,
     node_tuples,
     publish,
+    read_summary,
     site_tuples,
 )
 from tests.support import browser

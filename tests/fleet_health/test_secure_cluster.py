@@ -23,7 +23,6 @@ from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.cli import add_arguments, run_from_args
 from replicator.fleet_health.connection import NatsConnection, connect
 from replicator.fleet_health.standalone import StandaloneSpark, submit
-from replicator.fleet_health.summary import read_summary
 from replicator.fleet_health.transforms import NODE_COLUMNS
 from tests.fleet_health.helpers import (
     EXPECTED_FLEET,
@@ -34,6 +33,7 @@ from tests.fleet_health.helpers import (
     fill_advisories,
     node_tuples,
     publish,
+    read_summary,
     site_tuples,
 )
 from tests.support.certs import CertificateAuthority, key_pem, write_client, write_puppet, write_server

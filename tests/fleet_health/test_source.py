@@ -12,8 +12,9 @@ from nats.aio.client import Client
 from pyspark.sql import SparkSession
 
 from replicator.demo.local_nats import LocalNatsServer
-from replicator.fleet_health.jetstream import RangeReader, read_all, split_range
+from replicator.fleet_health.jetstream import RangeReader, split_range
 from replicator.fleet_health.source import ReadOptions
+from tests.fleet_health.helpers import read_all
 
 pytestmark = pytest.mark.spark
 

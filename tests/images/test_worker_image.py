@@ -21,7 +21,7 @@ from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.helm.helm_chart_support import find, render
 from tests.images.conftest import TAGS
 from tests.images.support import Podman, pod_options
-from tests.operator.helpers import Api
+from tests.operator.helpers import Api, child_of
 from tests.support.kube_emulator import ClusterEmulator, wait_for
 
 NS = "images"
@@ -73,8 +73,8 @@ async def test_worker_replicates_as_its_deployment_runs_it(
         },
     }
     children = build_children(parse_spec(resource), BuildOptions(worker_image=worker_image))
-    deployment = children.by_kind(naming.DEPLOYMENT)
-    configmap = children.by_kind(naming.CONFIGMAP)
+    deployment = child_of(children, naming.DEPLOYMENT)
+    configmap = child_of(children, naming.CONFIGMAP)
     assert deployment and configmap
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]

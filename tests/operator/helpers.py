@@ -17,6 +17,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 from replication_operator.build import worker_config
+from replication_operator.build.children import Children
 from replication_operator.checks import policy
 from replication_operator.model import naming
 
@@ -312,3 +313,8 @@ def fleet_summary(sites: dict[str, tuple[int, int, int]], run: int = 1, last_run
         "sites": [{"replicator": name, **row(*counts)} for name, counts in sorted(sites.items())],
         "advisories": 10 * run, "duplicates": 0, "malformed": 0,
     }).encode()
+
+
+def child_of(children: Children, kind: naming.Kind) -> dict[str, Any] | None:
+    """The child of this kind among those built, if any."""
+    return next((o for o in children.objects if (o["apiVersion"], o["kind"]) == (kind.api_version, kind.kind)), None)

@@ -46,7 +46,7 @@ def _topic(children: Children) -> dict[str, Any]:
 
 def test_the_secret_is_mounted_read_only_and_only_paths_reach_the_config() -> None:
     children = build_children(parse_spec(_example()))
-    deployment = children.by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(children, naming.DEPLOYMENT)
     assert deployment is not None
     pod = deployment["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -77,7 +77,7 @@ def test_the_worker_reads_the_mounted_files(tmp_path: Path) -> None:
     resource = _example()
     resource["spec"]["target"].pop("tlsSecret")
     children = build_children(parse_spec(resource))
-    deployment = children.by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(children, naming.DEPLOYMENT)
     assert deployment is not None
     config = h.materialise(children.config_text, tmp_path, SECRETS, h.secret_mounts(deployment))
     profile = Profile(parse_config(config, "configmap"), "orders-dc2")
@@ -166,7 +166,7 @@ def test_the_fleet_health_job_mounts_the_secret_and_reads_the_files() -> None:
     schema."""
     children = build_children(parse_spec(_fleet(_example())), BuildOptions(spark_image="stream-replicator:0.1.0-spark",
                                                                tls_keys={"central-ca": {"ca.crt"}}))
-    app = children.by_kind(naming.SCHEDULED_SPARK_APPLICATION)
+    app = h.child_of(children, naming.SCHEDULED_SPARK_APPLICATION)
     assert app is not None
     _validate(app)
     template = app["spec"]["template"]

@@ -125,7 +125,7 @@ def test_every_configmap_loads_in_the_worker(resource: dict[str, Any], tmp_path:
     resource = h.example(resource["metadata"]["name"])
     resource["spec"].pop("fleetHealth", None)
     children = build_children(parse_spec(resource))
-    deployment = children.by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(children, naming.DEPLOYMENT)
     assert deployment is not None
     mounts = h.secret_mounts(deployment)
     secrets = {name: SECRET_DATA for name in mounts.values()}
@@ -143,7 +143,7 @@ def test_dead_letter_reaches_the_worker(tmp_path: Path) -> None:
     assert "dead_letter" not in _topic(_children("cmdb-city1"))
     children = _children("cmdb-city1", deadLetter="replication.poison")
     assert _topic(children)["dead_letter"] == "replication.poison"
-    deployment = children.by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(children, naming.DEPLOYMENT)
     assert deployment is not None
     mounts = h.secret_mounts(deployment)
     config = h.materialise(children.config_text, tmp_path, {name: SECRET_DATA for name in mounts.values()}, mounts)
@@ -158,11 +158,11 @@ def test_ordered_single_pod() -> None:
     assert "leader_election" not in topic and "queue_group" not in topic
     assert topic["name"] == "replication_cmdb-city1"
     assert topic["start_at_end"] is True and topic["max_age"] == "1h"
-    deployment = children.by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(children, naming.DEPLOYMENT)
     assert deployment is not None
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert deployment["spec"]["replicas"] == 1
-    assert children.by_kind(naming.PDB) is None
+    assert h.child_of(children, naming.PDB) is None
     assert (naming.PDB, "cmdb-city1") in children.absent
 
 
@@ -172,11 +172,11 @@ def test_ordered_hot_standbys_elect_and_roll_one_by_one() -> None:
     assert topic["leader_election"] is True and topic["workers"] == 1
     assert topic["name"] == "ORDERS_EU_TO_CENTRAL"
     assert topic["target_create"] is False
-    deployment = children.by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(children, naming.DEPLOYMENT)
     assert deployment is not None
     strategy = deployment["spec"]["strategy"]
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
-    pdb = children.by_kind(naming.PDB)
+    pdb = h.child_of(children, naming.PDB)
     assert pdb is not None and pdb["spec"]["maxUnavailable"] == 1
 
 
@@ -186,12 +186,12 @@ def test_scaled_workers_share_a_queue_group() -> None:
     assert (topic["workers"], topic["queued"], topic["queue_group"]) == (8, True, "telemetry_region_eu_grp")
     assert topic["target_subject_prefix"] == "eu" and topic["target_subject_remove"] == ".raw"
     assert topic["start_delta"] == "6h"
-    deployment = children.by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(children, naming.DEPLOYMENT)
     assert deployment is not None
     assert deployment["spec"]["replicas"] == 4
     rolling = deployment["spec"]["strategy"]["rollingUpdate"]
     assert rolling["maxUnavailable"] == 0
-    assert children.by_kind(naming.SERVICE_MONITOR) is not None
+    assert h.child_of(children, naming.SERVICE_MONITOR) is not None
 
 
 def _without_group(namespace: str) -> dict[str, Any]:
@@ -250,7 +250,7 @@ def test_sampling_and_advisories_map_to_the_worker_keys() -> None:
 
 
 def test_pods_are_locked_down() -> None:
-    deployment = _children("cmdb-city1").by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(_children("cmdb-city1"), naming.DEPLOYMENT)
     assert deployment is not None
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -272,7 +272,7 @@ def test_pods_are_locked_down() -> None:
 
 def test_secrets_are_mounted_read_only_and_named_in_the_config() -> None:
     children = _children("inventory-dc1")
-    deployment = children.by_kind(naming.DEPLOYMENT)
+    deployment = h.child_of(children, naming.DEPLOYMENT)
     assert deployment is not None
     mounts = h.secret_mounts(deployment)
     assert set(mounts.values()) == {"dc1-nats-creds", "dc1-nats-tls", "central-nats-creds", "central-ca"}
@@ -308,7 +308,7 @@ def test_config_hash_rolls_pods_only_when_the_config_changes() -> None:
     other_age = _children("telemetry-region", maxAge="2h")
 
     def pod_hash(children: Children) -> str:
-        deployment = children.by_kind(naming.DEPLOYMENT)
+        deployment = h.child_of(children, naming.DEPLOYMENT)
         assert deployment is not None
         return str(deployment["spec"]["template"]["metadata"]["annotations"][naming.ANNOTATION_CONFIG_HASH])
 
@@ -317,8 +317,8 @@ def test_config_hash_rolls_pods_only_when_the_config_changes() -> None:
 
 
 def test_safe_strategy_recreates_once_when_election_turns_on() -> None:
-    single = _children("orders-eu", replicas=1).by_kind(naming.DEPLOYMENT)
-    elected = _children("orders-eu", replicas=3).by_kind(naming.DEPLOYMENT)
+    single = h.child_of(_children("orders-eu", replicas=1), naming.DEPLOYMENT)
+    elected = h.child_of(_children("orders-eu", replicas=3), naming.DEPLOYMENT)
     assert single is not None and elected is not None
     assert workload.safe_strategy(elected, single)["spec"]["strategy"] == {"type": "Recreate"}
     assert workload.safe_strategy(elected, elected)["spec"]["strategy"]["type"] == "RollingUpdate"
@@ -338,8 +338,8 @@ def test_optional_children_are_listed_as_absent_when_off() -> None:
 
 def test_service_monitor_selects_the_metrics_service() -> None:
     children = _children("telemetry-region")
-    service = children.by_kind(naming.SERVICE)
-    monitor = children.by_kind(naming.SERVICE_MONITOR)
+    service = h.child_of(children, naming.SERVICE)
+    monitor = h.child_of(children, naming.SERVICE_MONITOR)
     assert service is not None and monitor is not None
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
@@ -378,7 +378,7 @@ def test_contains_ignores_server_defaults_but_not_edits() -> None:
 def test_fleet_health_builds_a_valid_scheduled_spark_application() -> None:
     resource = h.example("registrations-region")
     children = build_children(parse_spec(resource), BuildOptions(spark_image="stream-replicator:0.1.0-spark"))
-    app = children.by_kind(naming.SCHEDULED_SPARK_APPLICATION)
+    app = h.child_of(children, naming.SCHEDULED_SPARK_APPLICATION)
     assert app is not None
     _validate(app)
     assert app["metadata"]["name"] == "registrations-region-fleet-health"

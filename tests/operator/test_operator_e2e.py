@@ -143,9 +143,8 @@ async def test_tls_secret_mounted_from_its_object(
         resource = _resource("cmdb-tls", source.url, target_server.url)
         resource["spec"]["source"]["tlsSecret"] = "source-tls"
         await api.create(resource)
-        tls = connection.ssl_context(
-            connection.Auth(ca=material["ca.crt"], cert=material["tls.crt"], key=material["tls.key"])
-        )
+        auth = connection.Auth(ca=material["ca.crt"], cert=material["tls.crt"], key=material["tls.key"])
+        tls = auth.material().ssl_context
         source_nc = await nats.connect(source.url, tls=tls)
         try:
             await _run_pods(api, "cmdb-tls", 1, tmp_path, source_nc.jetstream(), target_nc, "e2e_cmdb-tls", True)

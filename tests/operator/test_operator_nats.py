@@ -148,7 +148,7 @@ async def test_mutual_tls_material_comes_from_the_secret(tmp_path: Path) -> None
         resource["spec"]["source"]["tlsSecret"] = "city1-tls"
         spec = parse_spec(resource)
         auth = connection.auth_from_secrets(spec.source, {"city1-tls": secret})
-        nc = await nats.connect(server.url, tls=connection.ssl_context(auth))
+        nc = await nats.connect(server.url, tls=auth.material().ssl_context)
         try:
             await _consumer_with_backlog(nc, spec.consumer_name, published=3, acked=1)
         finally:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
-from replicator.sampling.keys import extract_key, is_true, key_spec, scalar_key
+from replicator.config import TopicConfig
+from replicator.sampling.keys import identifier, is_true, key_spec, scalar_key
 from replicator.sampling.limiter import splay
 from replicator.transport.header_block import encode, view
 from tests.sampling.helpers import make_profile
+
+
+def extract_key(settings: TopicConfig, subject: str, headers: Mapping[str, str] | None, payload: bytes) -> str | None:
+    """The sender identity of one message, as the limiter's key function gives it."""
+    return identifier(settings)(subject, headers, payload)[0]
 
 
 def settings(**kw: object):  # type: ignore[no-untyped-def]
