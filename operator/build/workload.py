@@ -241,16 +241,3 @@ def build_service_monitor(spec: ReplicationSpec) -> dict[str, Any]:
             "endpoints": [endpoint],
         },
     }
-
-
-def contains(live: Any, desired: Any) -> bool:
-    """Whether every field we set is in the live object with our value (server defaults are extra)."""
-    if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(
-            k in live and contains(live[k], v) for k, v in desired.items()
-        )
-    if isinstance(desired, list):
-        return isinstance(live, list) and len(live) == len(desired) and all(
-            contains(a, b) for a, b in zip(live, desired, strict=True)
-        )
-    return bool(live == desired)

@@ -15,6 +15,7 @@ from replication_operator.build.children import BuildOptions, Children, build_ch
 from replication_operator.checks.secrets import tls_problem
 from replication_operator.model import naming
 from replication_operator.model.spec import SpecError, parse_spec
+from replication_operator.reconcile import apply
 
 from replicator.config import Profile, parse_config
 from tests.operator import helpers as h
@@ -367,12 +368,12 @@ def test_contains_ignores_server_defaults_but_not_edits() -> None:
     live = copy.deepcopy(desired)
     live["spec"]["progressDeadlineSeconds"] = 600
     live["spec"]["template"]["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
-    assert workload.contains(live, desired)
+    assert apply.contains(live, desired)
     live["spec"]["replicas"] = 5
-    assert not workload.contains(live, desired)
+    assert not apply.contains(live, desired)
     live["spec"]["replicas"] = 2
     live["spec"]["template"]["spec"]["containers"].append({"name": "sidecar"})
-    assert not workload.contains(live, desired)
+    assert not apply.contains(live, desired)
 
 
 def test_fleet_health_builds_a_valid_scheduled_spark_application() -> None:
