@@ -147,3 +147,21 @@ def test_build_status_and_patch() -> None:
     )
     assert st.status_patch(status, again) == {}
     assert st.status_patch({**status, "lag": 5}, {"lag": 7}) == {"lag": 7}
+
+
+def test_the_memory_derives_the_status_a_pass_starts_from_and_what_is_asked() -> None:
+    """One place for both (reconcile/memory.py): the status this process wrote, else the resource's;
+    the replicas and fleet-health schedule asked for, from the typed spec or, when it cannot be read,
+    the raw fields (status and metrics still say what was asked while the resource is Degraded)."""
+    from replication_operator.reconcile.memory import Asked, Memory, asked
+
+    from tests.operator import helpers as h
+
+    body = h.example("cmdb-city1") | {"status": {"engine": "replicator"}}
+    memory = Memory()
+    assert memory.current_status(body) == {"engine": "replicator"}
+    memory.status = {"engine": "native"}
+    assert memory.current_status(body) == {"engine": "native"}
+    assert asked(body) == Asked(replicas=body["spec"].get("replicas", 1), fleet_schedule=None)
+    broken = {**body, "spec": {**body["spec"], "mode": "parallel", "replicas": 4, "fleetHealth": {"output": "/x"}}}
+    assert asked(broken) == Asked(replicas=4, fleet_schedule="")
