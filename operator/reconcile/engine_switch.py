@@ -163,13 +163,13 @@ class EngineSwitch:
         if not (deployment.get("metadata") or {}).get("deletionTimestamp"):
             try:
                 await self.api.delete(naming.DEPLOYMENT, meta["namespace"], deployment["metadata"]["name"],
-                                          uid=deployment["metadata"].get("uid"), foreground=True)
+                                      uid=deployment["metadata"].get("uid"), foreground=True)
             except APIError as err:
                 return NativeOutcome([st.Problem(st.APPLY_FAILED, f"deleting Deployment: {error_text(err)}")],
                                      retry=True)
             self.events.post(body, "Normal", st.STOPPING_REPLICATOR,
-                            f"deleting Deployment {deployment['metadata']['name']}: NATS takes over once its pods "
-                            "are gone")
+                             f"deleting Deployment {deployment['metadata']['name']}: NATS takes over once its pods "
+                             "are gone")
         return NativeOutcome(view=st.Native(stopping=True))
 
     async def _configure(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory,
@@ -199,7 +199,7 @@ class EngineSwitch:
             await self.status.persist(body, memory, {"native": recorded})
             desired = native.build_entry(spec, path, source_stream, start)
             self.events.post(body, "Normal", "SourceMoved", "the spec moved the source entry: removed the old one"
-                            + (f", the new one starts after source sequence {last}" if last else ""))
+                             + (f", the new one starts after source sequence {last}" if last else ""))
         owned = [i for i in [native.identity_from_status(recorded)] if i]
         info = await target.stream_info(stream)
         label = f"stream {stream}"
@@ -285,8 +285,8 @@ class EngineSwitch:
             async with await self._session(spec) as target:
                 last = await self._detach(target, recorded, spec)
             self.events.post(body, "Normal", "SourceRemoved",
-                            f"removed the source entry from stream {stream}: the replicator takes over "
-                            + (f"after source sequence {last}" if last else "where it left off"))
+                             f"removed the source entry from stream {stream}: the replicator takes over "
+                             + (f"after source sequence {last}" if last else "where it left off"))
         except (NativeError, NatsStatusError) as err:
             return [st.Problem(engine.HANDOVER_FAILED, f"cannot hand over from the native engine: {err}")], None
         try:
@@ -352,8 +352,9 @@ class EngineSwitch:
         if live is None or desired is None or native.identity(desired) != owned or not native.same_entry(live, desired):
             return False
         fields = native.source_fields(native.source_info(info, live), self.clock())
-        memory.engine.native_fields = {k: v for k, v in fields.items() if k != "error"}
-        if memory.engine.native_view is not None:
-            memory.engine.native_view = st.Native(configured=True, stream=memory.engine.native_view.stream,
-                                           source=memory.engine.native_view.source, error=fields.get("error"))
+        state = memory.engine
+        state.native_fields = {k: v for k, v in fields.items() if k != "error"}
+        if state.native_view is not None:
+            state.native_view = st.Native(configured=True, stream=state.native_view.stream,
+                                          source=state.native_view.source, error=fields.get("error"))
         return True

@@ -277,5 +277,5 @@ class Reconciler:
     def _nats_ok(self, body: Mapping[str, Any], memory: Memory, what: str) -> None:
         if memory.nats_errors.pop(what, None) is not None:
             self.events.post(body, "Normal", "LagAvailable" if what == "lag" else "FleetAvailable",
-                        f"reading {what} again")
+                             f"reading {what} again")
 
