@@ -318,7 +318,7 @@ class ReplicatorProcess:
             task.add_done_callback(self.retiring.discard)
             try:
                 await asyncio.shield(task)
-            except Exception as err:
+            except Exception as err:  # one profile's failure must not stop the reload of the others
                 log.warning("%s stopped with an error: %s", name, err)
             log.info("%s stopped for the reload", name)
         self.config = config
