@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-
 from replication_operator.model import naming
 from replication_operator.model.spec import TLS_CA, TLS_CERT, TLS_KEY, ReplicationSpec, Side, SpecError
 
