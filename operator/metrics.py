@@ -12,10 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 from replication_operator.build.spark_application import schedule_interval
+from replication_operator.engine.choice import NATIVE
 
 from replicator.observe.metrics import PREFIX
 
@@ -23,8 +25,10 @@ LABELS = ("namespace", "streamreplication")
 STATES = ("healthy", "timeout", "expired")
 # name -> (help, labels after namespace and streamreplication)
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "resource_replicas_desired": ("Worker pods a StreamReplication asks for (spec.replicas)", ()),
-    "resource_replicas_ready": ("Worker pods of a StreamReplication that are ready (status.readyReplicas)", ()),
+    "resource_replicas_desired": ("Worker pods a StreamReplication asks for (spec.replicas); 1 on the native "
+                                  "engine", ()),
+    "resource_replicas_ready": ("Worker pods of a StreamReplication that are ready (status.readyReplicas); on "
+                                "the native engine 1 while its Ready condition is True", ()),
     "fleet_health_last_run_timestamp_seconds": ("Last fleet-health run (status.fleet.lastRun), or the resource's "
                                                 "creation until the first run, unix seconds", ()),
     "fleet_health_interval_seconds": ("Longest gap between two scheduled fleet-health runs "
@@ -39,7 +43,21 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
                                              "fleet-health summary; absent when none of its nodes reports",
                                              ("site",)),
 }
+# The native engine's series: the workers' own names and labels (`name` is the replicator name,
+# `worker` is "native"), so the chart's lag alerts and the dashboard's lag panels cover it too.
+NATIVE_LABELS = ("namespace", "name", "worker")
+NATIVE_WORKER = "native"
+NATIVE_GAUGES: dict[str, str] = {
+    "lag_msgs": "Messages pending on the source consumer (not yet delivered or acknowledged); native engine: "
+                "messages on the source not yet on the target",
+    "current_sequence": "Last source stream sequence copied or skipped by this worker; native engine: the last "
+                        "one on the target",
+    "native_inactive_seconds": "Seconds a native entry has had messages waiting on the source without "
+                               "delivering any (0 while it is caught up or moving)",
+    "native_source_error": "1 while NATS reports an error for a native entry, else 0",
+}
 METRIC_NAMES = sorted(PREFIX + n for n in GAUGES)
+NATIVE_METRIC_NAMES = sorted(PREFIX + n for n in NATIVE_GAUGES)
 FLEET = tuple(n for n in GAUGES if n.startswith("fleet_health_"))
 
 Series = tuple[str, tuple[str, ...]]  # (gauge, label values after namespace and streamreplication)
@@ -63,21 +81,62 @@ def fleet_series(fleet: Mapping[str, Any], sites: Sequence[Mapping[str, Any]]) -
     return values
 
 
+def replica_values(status: Mapping[str, Any], desired: int) -> tuple[int, int]:
+    """(desired, ready) for the replica gauges. The native engine runs no pods: it counts as one
+    replica, ready while its Ready condition is True (the source entry is active, without error and
+    within its lag bound), so `StreamReplicatorNotReady` covers it and stays quiet while it is healthy."""
+    if status.get("engine") == NATIVE:
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        return 1, int(ready)
+    return desired, int(status.get("readyReplicas") or 0)
+
+
+@dataclass(frozen=True)
+class NativeSample:
+    """One native resource's measures: `name` its replicator name (the workers' `name` label)."""
+
+    name: str
+    lag: int | None
+    current: int | None
+    inactive: float
+    error: bool
+
+
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.gauges = {n: Gauge(PREFIX + n, h, (*LABELS, *more), registry=self.registry)
                        for n, (h, more) in GAUGES.items()}
         self.series: dict[tuple[str, str], set[Series]] = {}  # what each resource exports now
+        self.native = {n: Gauge(PREFIX + n, h, NATIVE_LABELS, registry=self.registry)
+                       for n, h in NATIVE_GAUGES.items()}
+        self.native_series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (gauge, replicator name)
+
+    def update_native(self, namespace: str, name: str, sample: NativeSample | None) -> None:
+        """The native engine's series of one resource; None removes them (another engine, or gone)."""
+        key = (namespace, name)
+        values: dict[tuple[str, str], float] = {}
+        if sample is not None:
+            values[("native_source_error", sample.name)] = 1 if sample.error else 0
+            for gauge, value in (("lag_msgs", sample.lag), ("current_sequence", sample.current),
+                                 ("native_inactive_seconds", sample.inactive)):
+                if value is not None:
+                    values[(gauge, sample.name)] = value
+        for gauge, replicator in self.native_series.get(key, set()) - set(values):
+            self.native[gauge].remove(namespace, replicator, NATIVE_WORKER)
+        for (gauge, replicator), value in values.items():
+            self.native[gauge].labels(namespace, replicator, NATIVE_WORKER).set(value)
+        self.native_series[key] = set(values)
 
     def update(self, namespace: str, name: str, *, desired: int, status: Mapping[str, Any],
                created: str | None, fleet_interval: float | None,
                sites: Sequence[Mapping[str, Any]] = ()) -> None:
         """From the status the operator just wrote (and the spec behind it); `sites`: the last fleet
         summary's site rows."""
+        wanted, ready = replica_values(status, desired)
         values: dict[Series, float] = {
-            ("resource_replicas_desired", ()): desired,
-            ("resource_replicas_ready", ()): int(status.get("readyReplicas") or 0),
+            ("resource_replicas_desired", ()): wanted,
+            ("resource_replicas_ready", ()): ready,
         }
         fleet = status.get("fleet") or {}
         last_run = _epoch(fleet.get("lastRun")) or _epoch(created)
@@ -104,6 +163,7 @@ class OperatorMetrics:
         return meta["namespace"], meta["name"]
 
     def forget(self, namespace: str, name: str) -> None:
+        self.update_native(namespace, name, None)
         key = (namespace, name)
         for gauge, labels in self.series.pop(key, set()):
             self._remove(key, gauge, labels)

@@ -280,22 +280,6 @@ def delivered_sequence(header: str | None, entry: Mapping[str, Any]) -> int | No
         return None
 
 
-def source_fields(info: Mapping[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
-    """status.lag / lastActive / native.error from the target stream's info about our source,
-    like `nats stream report`'s replication view (active is nanoseconds ago, -1 for never)."""
-    if info is None:
-        return {}
-    fields: dict[str, Any] = {"lag": int(info.get("lag") or 0)}
-    active = info.get("active")
-    if isinstance(active, int | float) and active >= 0:
-        fields["lastActive"] = (now - dt.timedelta(microseconds=active / 1000)).astimezone(dt.UTC).strftime(
-            "%Y-%m-%dT%H:%M:%SZ")
-    error = info.get("error")
-    if error:
-        fields["error"] = str(error.get("description") or error) if isinstance(error, Mapping) else str(error)
-    return fields
-
-
 def source_info(stream_info: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any] | None:
     """Our entry's state in the target stream's info (`sources[]`, matched by identity)."""
     wanted = identity(entry)

@@ -26,6 +26,7 @@ from replication_operator.model.fields import (
     name_field,
 )
 from replication_operator.model.fleet_health import FleetHealth
+from replication_operator.model.native import NativeSettings
 from replication_operator.model.pods import Monitoring, Resources, Toleration
 
 from replicator.config.urls import url_options
@@ -346,6 +347,8 @@ class StreamReplicationSpec(Model):
         "default account, with no API token mounted.", None)
     monitoring: Monitoring = field("The workers' metrics endpoint and how Prometheus finds it.",
                                    default_factory=Monitoring, schema_default={})
+    native: NativeSettings = field("The native engine's readiness bounds.", default_factory=NativeSettings,
+                                   schema_default={})
 
     @model_validator(mode="after")
     def _workers_need_scaled(self) -> StreamReplicationSpec:

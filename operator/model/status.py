@@ -168,6 +168,8 @@ class Native:
     source: str | None = None
     error: str | None = None
     stopping: bool = False  # the replicator's pods are still going away
+    unready: tuple[str, str] | None = None  # (reason, message): runs without error, yet not Ready (engine/health.py)
+    degrading: bool = False  # `unready` is a problem (the source is out of reach), not just a lag
 
 
 def conditions_for_native(
@@ -199,6 +201,10 @@ def conditions_for_native(
             progressing,
             _cond(DEGRADED, True, SOURCE_ERROR, native.error, generation),
         ]
+    if native.unready:
+        reason, message = native.unready
+        degraded = _cond(DEGRADED, True, reason, message, generation) if native.degrading else healthy
+        return [_cond(READY, False, reason, message, generation), progressing, degraded]
     return [_cond(READY, True, SOURCING, f"NATS copies: {entry}", generation), progressing, healthy]
 
 

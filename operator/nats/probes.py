@@ -141,3 +141,32 @@ async def read_fleet(spec: ReplicationSpec, auth: Auth, time_limit: float) -> Fl
         return FleetSummary(fleet_fields(raw), fleet_sites(raw))
     finally:
         await nc.close()
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """The source stream as its own servers report it (not through the target's link)."""
+
+    subjects: tuple[str, ...]
+    first_seq: int
+    last_seq: int
+    created: str  # RFC 3339, as the server reports it: a recreated stream has a new one
+
+
+async def read_source_stream(spec: ReplicationSpec, stream: str, auth: Auth, time_limit: float) -> SourceState:
+    """The native engine's lag and recreation checks: read from the source's own servers, so that
+    they keep counting while the link from the target is down."""
+    nc = await connect(spec.source.url, auth, time_limit)
+    try:
+        try:
+            msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=time_limit)
+        except NATS_ERRORS as err:
+            raise NatsStatusError(f"cannot read source stream {stream}: {describe(err)}") from None
+        info = json.loads(msg.data or b"{}")
+        if info.get("error"):
+            raise NatsStatusError(f"cannot read source stream {stream}: {info['error'].get('description')}")
+        state, config = info.get("state") or {}, info.get("config") or {}
+        return SourceState(tuple(config.get("subjects") or ()), int(state.get("first_seq") or 0),
+                           int(state.get("last_seq") or 0), str(info.get("created") or ""))
+    finally:
+        await nc.close()

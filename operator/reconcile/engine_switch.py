@@ -20,14 +20,17 @@ from typing import Any
 from replication_operator.checks.secrets import Secrets
 from replication_operator.engine import choice as engine
 from replication_operator.engine import entry as native
+from replication_operator.engine import health
 from replication_operator.engine.choice import NATIVE, REPLICATOR, Choice
 from replication_operator.engine.entry import Start
 from replication_operator.engine.target import NativeError, TargetSession
 from replication_operator.kube import APIError, KubeApi, error_text
+from replication_operator.metrics import NativeSample
 from replication_operator.model import naming
 from replication_operator.model import status as st
 from replication_operator.model.spec import ReplicationSpec
 from replication_operator.nats.connection import NatsStatusError
+from replication_operator.reconcile import native_watch
 from replication_operator.reconcile.events import Events
 from replication_operator.reconcile.memory import Memory
 from replication_operator.reconcile.status_writer import StatusWriter
@@ -224,10 +227,21 @@ class EngineSwitch:
                     "destinations": list(native.destinations(desired))}
         if recorded != status.get("native"):
             await self.status.persist(body, memory, {"native": recorded})
-        fields = native.source_fields(native.source_info(info, desired), self.clock())
-        memory.engine.native_fields = {k: v for k, v in fields.items() if k != "error"}
-        return NativeOutcome(view=st.Native(configured=True, stream=stream, source=source_stream,
-                                            error=fields.get("error")))
+        seen = await native_watch.measure(spec, self.secrets, target, recorded,
+                                          health.source_health(native.source_info(info, desired)), self.nats_timeout)
+        return NativeOutcome(view=self._observe(memory, spec, seen, stream, source_stream))
+
+    def _observe(self, memory: Memory, spec: ReplicationSpec, seen: health.SourceHealth, stream: str | None,
+                 source: str | None) -> st.Native:
+        """What the target stream says about our entry: status.lag/lastActive and the conditions' view."""
+        state = memory.engine
+        state.progress, seen = health.progress(state.progress, seen, self.clock())
+        state.native_fields = health.status_fields(seen, state.progress)
+        state.sample = NativeSample(spec.replicator_name, seen.lag, seen.current, seen.inactive,
+                                    seen.error is not None)
+        unready = None if seen.error else seen.unready(spec.native)
+        return st.Native(configured=True, stream=stream, source=source, error=seen.error, unready=unready,
+                         degrading=unready is not None and unready[0] == health.SOURCE_INACTIVE)
 
     @staticmethod
     def _change(label: str, source: str, before: list[Mapping[str, Any]], desired: Mapping[str, Any],
@@ -294,6 +308,7 @@ class EngineSwitch:
         except APIError as err:  # the entry is gone: the next pass finds the same position again
             return [st.Problem(st.APPLY_FAILED, f"status: {error_text(err)}")], None
         memory.engine.native_fields = {}
+        memory.engine.sample = memory.engine.progress = None
         return [], last
 
     async def _detach(self, target: TargetSession, recorded: Mapping[str, Any], spec: ReplicationSpec) -> int | None:
@@ -344,17 +359,18 @@ class EngineSwitch:
             return True
         async with await self._session(spec) as target:
             info = await target.stream_info(str(recorded.get("stream")))
-        if info is None:
-            return False
-        live = native.find_entry(info["config"].get("sources"), owned)
-        start = Start.from_status(recorded.get("start")) or Start()
-        desired = native.build_entry(spec, path, owned[0], start) if native.subject_mapping(spec) else None
-        if live is None or desired is None or native.identity(desired) != owned or not native.same_entry(live, desired):
-            return False
-        fields = native.source_fields(native.source_info(info, live), self.clock())
-        state = memory.engine
-        state.native_fields = {k: v for k, v in fields.items() if k != "error"}
-        if state.native_view is not None:
-            state.native_view = st.Native(configured=True, stream=state.native_view.stream,
-                                          source=state.native_view.source, error=fields.get("error"))
+            if info is None:
+                return False
+            live = native.find_entry(info["config"].get("sources"), owned)
+            start = Start.from_status(recorded.get("start")) or Start()
+            desired = native.build_entry(spec, path, owned[0], start) if native.subject_mapping(spec) else None
+            if (live is None or desired is None or native.identity(desired) != owned
+                    or not native.same_entry(live, desired)):
+                return False
+            seen = await native_watch.measure(spec, self.secrets, target, recorded,
+                                              health.source_health(native.source_info(info, live)),
+                                              self.nats_timeout)
+        view = self._observe(memory, spec, seen, str(recorded.get("stream")), owned[0])
+        if memory.engine.native_view is not None:
+            memory.engine.native_view = view
         return True

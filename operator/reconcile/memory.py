@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replication_operator.engine.choice import Choice
+from replication_operator.engine.health import Progress
+from replication_operator.metrics import NativeSample
 from replication_operator.model import status as st
 from replication_operator.model.spec import SpecError, parse_spec
 
@@ -29,6 +31,8 @@ class EngineMemory:
     choice_generation: int | None = None  # the spec generation the choice was made for
     native_view: st.Native | None = None  # the native engine runs: what it saw of its entry
     native_fields: dict[str, Any] = field(default_factory=dict)  # lag, lastActive
+    sample: NativeSample | None = None  # the native entry's last measures (metrics)
+    progress: Progress | None = None  # when the native entry last moved or was caught up
     awaiting_pods: bool = False  # switching to native: the worker Deployment is being deleted
     children_gone: bool = False  # native: the replicator's other children were deleted
 

@@ -72,6 +72,8 @@ class StatusWriter:
         wanted = asked(body)
         memory.identity = self.metrics.export(body, memory.status, wanted.replicas, wanted.fleet_schedule,
                                               memory.fleet_sites)
+        native = memory.status.get("engine") == engine.NATIVE and memory.engine.native_view is not None
+        self.metrics.update_native(*memory.identity, memory.engine.sample if native else None)
         if not patch:
             return
         meta = body["metadata"]

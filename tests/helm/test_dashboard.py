@@ -17,7 +17,7 @@ import pytest
 from helm_chart_support import CHART_DIR, REPO
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from replication_operator.metrics import FLEET, OperatorMetrics
+from replication_operator.metrics import FLEET, NATIVE_METRIC_NAMES, NativeSample, OperatorMetrics
 
 from replicator.observe.metrics import METRIC_NAMES, PREFIX, Metrics
 
@@ -72,6 +72,7 @@ def operator_exposition() -> dict[str, set[str]]:
              {"site": "fra", "nodes": 2, "healthy": 1, "timeout": 0, "expired": 1, "availability": 1.0}]
     metrics.update("prod", "registrations", desired=2, status={"readyReplicas": 2, "fleet": fleet},
                    created=None, fleet_interval=900.0, sites=sites)
+    metrics.update_native("prod", "edge", NativeSample("prod_edge", lag=3, current=10, inactive=0.0, error=False))
     return _samples(generate_latest(metrics.registry).decode())
 
 
@@ -80,7 +81,9 @@ def exposition() -> dict[str, set[str]]:
 
 
 def origin(metric: str) -> str:
-    return "operator" if metric in operator_exposition() else "worker"
+    """Whose variables filter a series: the operator's own gauges carry `streamreplication`; its
+    native-engine series carry the workers' `name` and `worker`."""
+    return "operator" if "streamreplication" in operator_exposition().get(metric, set()) else "worker"
 
 
 def sample_family(sample: str) -> str:
@@ -191,6 +194,7 @@ def test_every_exported_metric_is_on_the_dashboard() -> None:
     shown = {sample_family(n) for t in targets(load()) for n in metric_names(t["expr"])}
     assert set(METRIC_NAMES) - shown == set()
     assert {PREFIX + n for n in FLEET} - shown == set()
+    assert set(NATIVE_METRIC_NAMES) - shown == set()
 
 
 def test_variables_query_exported_labels() -> None:

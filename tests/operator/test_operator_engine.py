@@ -11,7 +11,9 @@ import yaml
 from replication_operator.build import worker_config
 from replication_operator.engine import choice as engine
 from replication_operator.engine import entry as native
+from replication_operator.engine import health
 from replication_operator.engine.entry import Route, Start
+from replication_operator.metrics import replica_values
 from replication_operator.model import status as st
 from replication_operator.model.spec import SpecError, parse_spec
 
@@ -183,10 +185,11 @@ def test_the_servers_source_header_names_our_entry() -> None:
 
 
 def test_status_fields_like_the_replication_report() -> None:
-    fields = native.source_fields({"name": "FLEET", "lag": 12, "active": 2_000_000_000}, NOW)
-    assert fields == {"lag": 12, "lastActive": "2026-01-02T03:04:03Z"}
-    fields = native.source_fields({"name": "FLEET", "active": -1, "error": {"code": 503, "description": "gone"}}, NOW)
-    assert fields == {"lag": 0, "error": "gone"}
+    seen = health.source_health({"name": "FLEET", "lag": 12, "active": 2_000_000_000})
+    last, seen = health.progress(None, seen, NOW)
+    assert health.status_fields(seen, last) == {"lag": 12, "lastActive": "2026-01-02T03:04:05Z"}
+    failing = health.source_health({"name": "FLEET", "active": -1, "error": {"code": 503, "description": "gone"}})
+    assert health.status_fields(failing, last) == {"lag": 0} and failing.error == "gone" and not failing.heard
     conditions = st.conditions_for_native([], st.Native(configured=True, stream="HUB", source="FLEET"), 2)
     assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [
         ("Ready", "True", st.SOURCING), ("Progressing", "False", st.SOURCE_CONFIGURED),
@@ -196,6 +199,44 @@ def test_status_fields_like_the_replication_report() -> None:
         ("Ready", "False", st.SOURCE_ERROR), ("Degraded", "True", st.SOURCE_ERROR)]
     stopping = st.conditions_for_native([], st.Native(stopping=True), 2)
     assert stopping[0]["reason"] == st.STOPPING_REPLICATOR
+
+
+def test_native_readiness_comes_from_both_ends() -> None:
+    """NATS's lag freezes while the link is down: the operator counts from the source's last sequence
+    and the last one delivered, and tracks when the entry last moved. No error, moving or caught up
+    within maxInactive, lag within maxLag: Ready; stalled is Degraded, a lag only not Ready."""
+    bounds = spec_of(native={"maxLag": 100, "maxInactive": "30s"}).native
+    linked = health.source_health({"lag": 0, "active": 500_000_000})
+    assert health.measured(linked, 900, 1000).lag == 100 and health.measured(linked, 900, None).lag == 0
+    assert health.covers("fleet.>", ["fleet.>"]) and not health.covers("fleet.a", ["fleet.>"])
+    last, seen = health.progress(None, health.measured(linked, 900, 1000), NOW)
+    assert seen.unready(bounds) is None and seen.current == 900
+    later = NOW + dt.timedelta(seconds=45)
+    still, stalled = health.progress(last, health.measured(linked, 900, 1300), later)
+    assert still == last and stalled.inactive == 45
+    reason, message = stalled.unready(bounds) or ("", "")
+    assert reason == health.SOURCE_INACTIVE and "400 messages wait" in message and "45s" in message
+    _, moving = health.progress(last, health.measured(linked, 1100, 1300), later)
+    assert moving.inactive == 0 and (moving.unready(bounds) or ("",))[0] == health.LAGGING
+    _, idle = health.progress(last, health.measured(linked, 900, 900), later)
+    assert idle.unready(bounds) is None, "nothing to copy is not a stall"
+    assert (health.source_health({"active": -1}).unready(bounds) or ("",))[0] == health.CONNECTING
+    assert spec_of().native.max_lag == 100_000 and spec_of().native.max_inactive == "1m"
+    view = st.Native(configured=True, stream="HUB", source="FLEET", unready=(reason, message), degrading=True)
+    ready, _, degraded = st.conditions_for_native([], view, 2)
+    assert (ready["status"], ready["reason"], degraded["status"]) == ("False", health.SOURCE_INACTIVE, "True")
+    lagging = st.Native(configured=True, stream="HUB", source="FLEET", unready=(health.LAGGING, "behind"))
+    ready, _, degraded = st.conditions_for_native([], lagging, 2)
+    assert (ready["status"], ready["reason"], degraded["status"]) == ("False", health.LAGGING, "False")
+
+
+def test_a_native_resource_counts_as_one_replica_ready_while_ready() -> None:
+    """The replica gauges behind StreamReplicatorNotReady: no pods by design, so the Ready condition counts."""
+    ready = {"engine": "native", "readyReplicas": 0, "conditions": [{"type": "Ready", "status": "True"}]}
+    assert replica_values(ready, 3) == (1, 1)
+    assert replica_values({**ready, "conditions": [{"type": "Ready", "status": "False"}]}, 3) == (1, 0)
+    assert replica_values({"engine": "replicator", "readyReplicas": 2}, 3) == (3, 2)
+    assert replica_values({}, 1) == (1, 0)
 
 
 def test_a_created_target_follows_the_replicators_rules() -> None:

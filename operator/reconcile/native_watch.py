@@ -1,0 +1,48 @@
+"""The native engine's periodic look at its entry beyond what NATS reports: where the target is
+(the last source sequence delivered) and where the source is (read from its own servers).
+
+NATS's own lag for a source entry is its consumer's pending count, and it freezes while the link is
+down; the source's last sequence read directly keeps counting, so the lag the operator reports and
+exports rises while the link is cut and falls once NATS catches up.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from replication_operator.checks.secrets import Secrets
+from replication_operator.engine import entry as native
+from replication_operator.engine import health
+from replication_operator.engine.health import SourceHealth
+from replication_operator.engine.target import TargetSession, parse_headers, target_subject
+from replication_operator.model.spec import ReplicationSpec
+from replication_operator.nats import probes
+from replication_operator.nats.connection import NatsStatusError
+
+
+async def delivered(target: TargetSession, recorded: Mapping[str, Any]) -> int | None:
+    """The source sequence of the last message on the entry's subjects, when our entry wrote it."""
+    filters = tuple(recorded.get("filterSubjects") or [native.ALL])
+    destinations = tuple(recorded.get("destinations") or [native.ALL])
+    last = await target.message(str(recorded.get("stream")), {"last_by_subj": target_subject(destinations, filters)})
+    if not last or not last.get("hdrs"):
+        return None
+    headers = parse_headers(base64.b64decode(last["hdrs"]))
+    return native.delivered_sequence(headers.get(native.SOURCE_HEADER), native.recorded_entry(recorded))
+
+
+async def measure(spec: ReplicationSpec, secrets: Secrets, target: TargetSession, recorded: Mapping[str, Any],
+                  seen: SourceHealth, time_limit: float) -> SourceHealth:
+    """NATS's view of the entry, with the lag counted from both ends when the source answers."""
+    last = await delivered(target, recorded)
+    source_last = None
+    try:
+        auth = await secrets.auth(spec, spec.source)
+        state = await probes.read_source_stream(spec, str(recorded.get("sourceStream")), auth, time_limit)
+        if health.covers(spec.topic, state.subjects):
+            source_last = state.last_seq
+    except NatsStatusError:
+        pass  # the source's own servers are out of reach: NATS's lag is all there is
+    return health.measured(seen, last, source_last)
