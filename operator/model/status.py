@@ -170,6 +170,7 @@ class Native:
     stopping: bool = False  # the replicator's pods are still going away
     unready: tuple[str, str] | None = None  # (reason, message): runs without error, yet not Ready (engine/health.py)
     degrading: bool = False  # `unready` is a problem (the source is out of reach), not just a lag
+    mirror: bool = False  # the target stream is a mirror of the source (engine/mirror.py)
 
 
 def conditions_for_native(
@@ -193,7 +194,7 @@ def conditions_for_native(
             _cond(PROGRESSING, True, CREATING, creating, generation),
             healthy,
         ]
-    entry = f"stream {native.stream} sources {native.source}"
+    entry = f"stream {native.stream} {'mirrors' if native.mirror else 'sources'} {native.source}"
     progressing = _cond(PROGRESSING, False, SOURCE_CONFIGURED, entry, generation)
     if native.error:
         return [

@@ -35,6 +35,9 @@ class NativeEntry(Model):
     filter_subjects: list[str] | None = field("Subjects of the source the entry copies.", None)
     destinations: list[str] | None = field("Subject transform destinations (`>` when subjects are kept).", None)
     start: NativeStart | None = field("Where the entry starts when NATS has no position of its own for it.", None)
+    form: Literal["source", "mirror"] | None = field(
+        "`mirror`: the target stream is a mirror of the source; `source` (or absent): a source entry on it.", None)
+    form_reason: str | None = field("Why this form runs.", None)
 
 
 class Fleet(Model):

@@ -20,7 +20,7 @@ from typing import Any
 from replication_operator.checks.secrets import Secrets
 from replication_operator.engine import choice as engine
 from replication_operator.engine import entry as native
-from replication_operator.engine import health
+from replication_operator.engine import health, mirror
 from replication_operator.engine.choice import NATIVE, REPLICATOR, Choice
 from replication_operator.engine.entry import Start
 from replication_operator.engine.target import NativeError, TargetSession
@@ -199,6 +199,8 @@ class EngineSwitch:
             last = await self._detach(target, recorded, spec)
             start = Start(sequence=last + 1) if last else start
             recorded = {"stream": stream, "start": start.status()}
+            if mirror.is_mirror(status.get("native") or {}):  # NATS cannot change what a mirror copies
+                recorded.update(form=mirror.SOURCE, formReason=mirror.PROMOTED + "the spec changed what it copies")
             await self.status.persist(body, memory, {"native": recorded})
             desired = native.build_entry(spec, path, source_stream, start)
             self.events.post(body, "Normal", "SourceMoved", "the spec moved the source entry: removed the old one"
@@ -206,6 +208,16 @@ class EngineSwitch:
         owned = [i for i in [native.identity_from_status(recorded)] if i]
         info = await target.stream_info(stream)
         label = f"stream {stream}"
+        if info is not None and mirror.is_mirror(recorded) and mirror.live_mirror(info["config"]) is None:
+            # Promoted outside the operator: a source entry goes on after what the mirror copied.
+            last = int((info.get("state") or {}).get("last_seq") or 0)
+            start = Start(sequence=last + 1)
+            desired = native.build_entry(spec, path, source_stream, start)
+            recorded = {"stream": stream, "start": start.status(), "form": mirror.SOURCE,
+                        "formReason": mirror.PROMOTED + "outside the operator"}
+            await self.status.persist(body, memory, {"native": recorded})
+            self.events.post(body, "Normal", "Promoted", f"{label} is no longer a mirror: a source entry goes on "
+                             f"after source sequence {last}")
         if info is None:
             if not spec.target.create:
                 return NativeOutcome([st.Problem(engine.TARGET_STREAM_MISSING,
@@ -213,10 +225,17 @@ class EngineSwitch:
                                                  "is false")])
             if source is None:
                 raise NativeError(f"cannot create target stream {stream}: {source_error}")
-            info = await target.create_stream(native.target_config(source["config"], spec, stream, desired,
-                                                                   source_stream))
-            self.events.post(body, "Normal", "Created", f"created {label} sourcing {source_stream} through {path.via}")
+            form, why = mirror.form_for_new_stream(spec)
+            build = mirror.mirror_config if form == mirror.MIRROR else native.target_config
+            info = await target.create_stream(build(source["config"], spec, stream, desired, source_stream))
+            recorded = {**recorded, "form": form, "formReason": why}
+            what = "mirroring" if form == mirror.MIRROR else "sourcing"
+            self.events.post(body, "Normal", "Created", f"created {label} {what} {source_stream} through {path.via}")
+        elif mirror.is_mirror(recorded):
+            pass  # NATS cannot change a mirror: a spec that changes what it copies promoted it above
         else:
+            if not recorded.get("form"):
+                recorded = {**recorded, "form": mirror.SOURCE, "formReason": mirror.existing_reason(spec)}
             live = info["config"].get("sources")
             sources = native.with_entry(live, desired, owned)
             if sources is not None:
@@ -227,12 +246,12 @@ class EngineSwitch:
                     "destinations": list(native.destinations(desired))}
         if recorded != status.get("native"):
             await self.status.persist(body, memory, {"native": recorded})
-        seen = await native_watch.measure(spec, self.secrets, target, recorded,
-                                          health.source_health(native.source_info(info, desired)), self.nats_timeout)
-        return NativeOutcome(view=self._observe(memory, spec, seen, stream, source_stream))
+        seen = await native_watch.measure(spec, self.secrets, target, recorded, info, desired, self.nats_timeout)
+        return NativeOutcome(view=self._observe(memory, spec, seen, stream, source_stream,
+                                                mirror.is_mirror(recorded)))
 
     def _observe(self, memory: Memory, spec: ReplicationSpec, seen: health.SourceHealth, stream: str | None,
-                 source: str | None) -> st.Native:
+                 source: str | None, mirrored: bool) -> st.Native:
         """What the target stream says about our entry: status.lag/lastActive and the conditions' view."""
         state = memory.engine
         state.progress, seen = health.progress(state.progress, seen, self.clock())
@@ -241,7 +260,7 @@ class EngineSwitch:
                                     seen.error is not None)
         unready = None if seen.error else seen.unready(spec.native)
         return st.Native(configured=True, stream=stream, source=source, error=seen.error, unready=unready,
-                         degrading=unready is not None and unready[0] == health.SOURCE_INACTIVE)
+                         degrading=unready is not None and unready[0] == health.SOURCE_INACTIVE, mirror=mirrored)
 
     @staticmethod
     def _change(label: str, source: str, before: list[Mapping[str, Any]], desired: Mapping[str, Any],
@@ -298,8 +317,9 @@ class EngineSwitch:
         try:
             async with await self._session(spec) as target:
                 last = await self._detach(target, recorded, spec)
-            self.events.post(body, "Normal", "SourceRemoved",
-                             f"removed the source entry from stream {stream}: the replicator takes over "
+                what = "promoted the mirror" if mirror.is_mirror(recorded) else "removed the source entry from"
+            self.events.post(body, "Normal", "Promoted" if mirror.is_mirror(recorded) else "SourceRemoved",
+                             f"{what} stream {stream}: the replicator takes over "
                              + (f"after source sequence {last}" if last else "where it left off"))
         except (NativeError, NatsStatusError) as err:
             return [st.Problem(engine.HANDOVER_FAILED, f"cannot hand over from the native engine: {err}")], None
@@ -318,6 +338,8 @@ class EngineSwitch:
         info = await target.stream_info(stream)
         if info is None:
             return None
+        if mirror.is_mirror(recorded):
+            return await self._promote(target, info, spec)
         owned = native.identity_from_status(recorded)
         sources = native.without_entry(info["config"].get("sources"), [owned] if owned else [])
         if sources is not None:
@@ -331,6 +353,15 @@ class EngineSwitch:
 
         return await target.last_delivered(stream, recorded, replicators_copy)
 
+    @staticmethod
+    async def _promote(target: TargetSession, info: Mapping[str, Any], spec: ReplicationSpec) -> int | None:
+        """The mirror becomes a plain stream (NATS 2.12+): it stops copying at once, keeps its messages
+        and their sequences, and takes the replicator's subjects. A mirror's last sequence is the last
+        source sequence it copied (None: it copied nothing)."""
+        if mirror.live_mirror(info["config"]) is not None:
+            info = await target.update_stream(mirror.promoted(info["config"], spec))
+        return int((info.get("state") or {}).get("last_seq") or 0) or None
+
     async def remove(self, body: Mapping[str, Any], spec: ReplicationSpec) -> str | None:
         """The resource is being deleted: remove our entry (the stream and its messages stay).
         Returns what was done, for the log; raises NativeError/NatsStatusError when it cannot."""
@@ -343,6 +374,9 @@ class EngineSwitch:
             info = await target.stream_info(stream)
             if info is None or owned is None:
                 return None
+            if mirror.is_mirror(recorded):
+                last = await self._promote(target, info, spec)
+                return f"promoted stream {stream}, a mirror of {recorded.get('sourceStream')} up to sequence {last}"
             sources = native.without_entry(info["config"].get("sources"), [owned])
             if sources is None:
                 return None
@@ -361,16 +395,17 @@ class EngineSwitch:
             info = await target.stream_info(str(recorded.get("stream")))
             if info is None:
                 return False
-            live = native.find_entry(info["config"].get("sources"), owned)
+            if mirror.is_mirror(recorded):
+                live = mirror.live_mirror(info["config"])
+            else:
+                live = native.find_entry(info["config"].get("sources"), owned)
             start = Start.from_status(recorded.get("start")) or Start()
             desired = native.build_entry(spec, path, owned[0], start) if native.subject_mapping(spec) else None
             if (live is None or desired is None or native.identity(desired) != owned
-                    or not native.same_entry(live, desired)):
+                    or native.identity(live) != owned or not native.same_entry(live, desired)):
                 return False
-            seen = await native_watch.measure(spec, self.secrets, target, recorded,
-                                              health.source_health(native.source_info(info, live)),
-                                              self.nats_timeout)
-        view = self._observe(memory, spec, seen, str(recorded.get("stream")), owned[0])
+            seen = await native_watch.measure(spec, self.secrets, target, recorded, info, live, self.nats_timeout)
+        view = self._observe(memory, spec, seen, str(recorded.get("stream")), owned[0], mirror.is_mirror(recorded))
         if memory.engine.native_view is not None:
             memory.engine.native_view = view
         return True

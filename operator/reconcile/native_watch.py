@@ -14,7 +14,7 @@ from typing import Any
 
 from replication_operator.checks.secrets import Secrets
 from replication_operator.engine import entry as native
-from replication_operator.engine import health
+from replication_operator.engine import health, mirror
 from replication_operator.engine.health import SourceHealth
 from replication_operator.engine.target import TargetSession, parse_headers, target_subject
 from replication_operator.model.spec import ReplicationSpec
@@ -34,9 +34,15 @@ async def delivered(target: TargetSession, recorded: Mapping[str, Any]) -> int |
 
 
 async def measure(spec: ReplicationSpec, secrets: Secrets, target: TargetSession, recorded: Mapping[str, Any],
-                  seen: SourceHealth, time_limit: float) -> SourceHealth:
-    """NATS's view of the entry, with the lag counted from both ends when the source answers."""
-    last = await delivered(target, recorded)
+                  info: Mapping[str, Any], entry: Mapping[str, Any], time_limit: float) -> SourceHealth:
+    """NATS's view of the entry (`info`: the target stream's), with the lag counted from both ends
+    when the source answers. A mirror keeps the source's sequences: its last is the last delivered."""
+    if mirror.is_mirror(recorded):
+        seen = health.source_health(info.get("mirror"))
+        last = int((info.get("state") or {}).get("last_seq") or 0) or None
+    else:
+        seen = health.source_health(native.source_info(info, entry))
+        last = await delivered(target, recorded)
     source_last = None
     try:
         auth = await secrets.auth(spec, spec.source)

@@ -11,7 +11,7 @@ import yaml
 from replication_operator.build import worker_config
 from replication_operator.engine import choice as engine
 from replication_operator.engine import entry as native
-from replication_operator.engine import health
+from replication_operator.engine import health, mirror
 from replication_operator.engine.entry import Route, Start
 from replication_operator.metrics import replica_values
 from replication_operator.model import status as st
@@ -283,3 +283,21 @@ def test_a_spec_change_that_nats_would_take_for_a_new_source() -> None:
     assert native.moved(recorded, native.build_entry(spec_of(target={"subjectPrefix": "hub2"}), LEAF, "FLEET",
                                                      Start()), "HUB"), "another destination"
     assert not native.moved({"stream": "HUB", "start": {"sequence": 5}}, entry, "HUB"), "nothing written yet"
+
+
+def test_the_mirror_form_of_a_created_target() -> None:
+    """A target the resource creates is a mirror (no subjects, our entry as `mirror`) unless the spec
+    asks for a source entry; promotion drops the mirror and gives it the replicator's subjects."""
+    spec = spec_of(target={"subjectPrefix": "hub", "stream": "FLEET_HUB"})
+    assert mirror.form_for_new_stream(spec) == (mirror.MIRROR, mirror.CREATED_ALONE)
+    assert mirror.form_for_new_stream(spec_of(native={"form": "source"}))[0] == mirror.SOURCE
+    assert "a mirror needs a stream of its own" in mirror.existing_reason(spec_of(native={"form": "mirror"}))
+    entry = native.build_entry(spec, LEAF, "FLEET", Start())
+    config = mirror.mirror_config({"name": "FLEET", "subjects": ["fleet.>"], "storage": "file"}, spec, "FLEET_HUB",
+                                  entry, "FLEET")
+    assert config["mirror"] == entry and "subjects" not in config and "sources" not in config
+    assert config["name"] == "FLEET_HUB" and config["storage"] == "file"
+    assert mirror.live_mirror(config) == entry
+    promoted = mirror.promoted(config, spec)
+    assert "mirror" not in promoted and promoted["subjects"] == ["hub.fleet.>"]
+    assert mirror.live_mirror(promoted) is None
