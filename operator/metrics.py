@@ -55,6 +55,8 @@ NATIVE_GAUGES: dict[str, str] = {
     "native_inactive_seconds": "Seconds a native entry has had messages waiting on the source without "
                                "delivering any (0 while it is caught up or moving)",
     "native_source_error": "1 while NATS reports an error for a native entry, else 0",
+    "native_source_recreations": "How often the source stream of a native entry was found created again and "
+                                 "the entry reset (status.native.recreations)",
 }
 METRIC_NAMES = sorted(PREFIX + n for n in GAUGES)
 NATIVE_METRIC_NAMES = sorted(PREFIX + n for n in NATIVE_GAUGES)
@@ -100,6 +102,7 @@ class NativeSample:
     current: int | None
     inactive: float
     error: bool
+    recreations: int = 0
 
 
 class OperatorMetrics:
@@ -118,6 +121,7 @@ class OperatorMetrics:
         values: dict[tuple[str, str], float] = {}
         if sample is not None:
             values[("native_source_error", sample.name)] = 1 if sample.error else 0
+            values[("native_source_recreations", sample.name)] = sample.recreations
             for gauge, value in (("lag_msgs", sample.lag), ("current_sequence", sample.current),
                                  ("native_inactive_seconds", sample.inactive)):
                 if value is not None:

@@ -102,3 +102,14 @@ def status_fields(health: SourceHealth, last: Progress | None) -> dict[str, Any]
     if last is not None and health.heard:
         fields["lastActive"] = last.since.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return fields
+
+
+def recreated(recorded_created: str | None, created: str, last_seq: int, delivered: int | None) -> str | None:
+    """Why the source stream is not the one the entry has been reading (None: it is): its creation
+    time changed, or its last sequence is below what was already delivered (deleted and created
+    again). NATS then reports lag 0 and copies nothing (nats-server #8346, #6206)."""
+    if recorded_created and created and created != recorded_created:
+        return f"it was created again at {created} (it was created at {recorded_created})"
+    if delivered is not None and delivered > last_seq:
+        return f"its last sequence {last_seq} is below sequence {delivered}, already delivered"
+    return None

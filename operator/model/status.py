@@ -41,6 +41,8 @@ SOURCING = "Sourcing"  # Ready: NATS copies through our entry and reports no err
 SOURCE_CONFIGURED = "SourceConfigured"  # Progressing: the entry is as the spec says
 SOURCE_ERROR = "SourceError"  # NATS reports an error for our entry (Ready False, Degraded)
 STOPPING_REPLICATOR = "StoppingReplicator"  # switching to native: waiting for the pods to be gone
+SOURCE_RECREATED = "SourceRecreated"  # condition: the source stream was created again and the entry reset
+REPAIRED = "Repaired"
 CERTIFICATE_EXPIRING = "CertificateExpiring"  # a mounted certificate expires within the warning window
 CERTIFICATE_EXPIRED = "CertificateExpired"
 CERTIFICATE_UNREADABLE = "CertificateUnreadable"  # a TLS Secret's ca.crt or tls.crt is not a PEM certificate
@@ -171,6 +173,7 @@ class Native:
     unready: tuple[str, str] | None = None  # (reason, message): runs without error, yet not Ready (engine/health.py)
     degrading: bool = False  # `unready` is a problem (the source is out of reach), not just a lag
     mirror: bool = False  # the target stream is a mirror of the source (engine/mirror.py)
+    recreated: str | None = None  # the last repair of a recreated source stream (status.native.lastRecreation)
 
 
 def conditions_for_native(
@@ -196,6 +199,14 @@ def conditions_for_native(
         ]
     entry = f"stream {native.stream} {'mirrors' if native.mirror else 'sources'} {native.source}"
     progressing = _cond(PROGRESSING, False, SOURCE_CONFIGURED, entry, generation)
+    main = _native_main(native, entry, progressing, healthy, generation)
+    if native.recreated:  # stays while status.native says so: when, and what was done
+        main.append(_cond(SOURCE_RECREATED, True, REPAIRED, native.recreated, generation))
+    return main
+
+
+def _native_main(native: Native, entry: str, progressing: dict[str, Any], healthy: dict[str, Any],
+                 generation: int | None) -> list[dict[str, Any]]:
     if native.error:
         return [
             _cond(READY, False, SOURCE_ERROR, native.error, generation),

@@ -38,6 +38,11 @@ class NativeEntry(Model):
     form: Literal["source", "mirror"] | None = field(
         "`mirror`: the target stream is a mirror of the source; `source` (or absent): a source entry on it.", None)
     form_reason: str | None = field("Why this form runs.", None)
+    source_created: str | None = field("When the source stream the entry reads was created (a new one: repaired).",
+                                       None)
+    recreations: int | None = field("How often the source stream was found created again and the entry reset.",
+                                    None, format="int64")
+    last_recreation: str | None = field("What the operator found and did the last time.", None)
 
 
 class Fleet(Model):

@@ -30,6 +30,7 @@ from replication_operator.model import naming
 from replication_operator.model import status as st
 from replication_operator.model.spec import ReplicationSpec
 from replication_operator.nats.connection import NatsStatusError
+from replication_operator.nats.probes import SourceState
 from replication_operator.reconcile import native_watch
 from replication_operator.reconcile.events import Events
 from replication_operator.reconcile.memory import Memory
@@ -246,21 +247,77 @@ class EngineSwitch:
                     "destinations": list(native.destinations(desired))}
         if recorded != status.get("native"):
             await self.status.persist(body, memory, {"native": recorded})
-        seen = await native_watch.measure(spec, self.secrets, target, recorded, info, desired, self.nats_timeout)
-        return NativeOutcome(view=self._observe(memory, spec, seen, stream, source_stream,
-                                                mirror.is_mirror(recorded)))
+        looked = await native_watch.measure(spec, self.secrets, target, recorded, info, desired, self.nats_timeout)
+        if looked.state is not None:
+            why = health.recreated(recorded.get("sourceCreated"), looked.state.created, looked.state.last_seq,
+                                   looked.seen.current)
+            if why:
+                recorded, info, desired = await self._restart(body, spec, memory, target, recorded, info,
+                                                              looked.state, why)
+                looked = await native_watch.measure(spec, self.secrets, target, recorded, info, desired,
+                                                    self.nats_timeout)
+            elif looked.state.created and recorded.get("sourceCreated") != looked.state.created:
+                recorded = {**recorded, "sourceCreated": looked.state.created}
+                await self.status.persist(body, memory, {"native": recorded})
+        return NativeOutcome(view=self._observe(memory, spec, looked.seen, stream, source_stream, recorded))
+
+    async def _restart(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory, target: TargetSession,
+                       recorded: dict[str, Any], info: Mapping[str, Any], state: SourceState,
+                       why: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The source stream was created again: NATS would wait for sequences the new stream reaches
+        only later and skip everything before (or, for a mirror, collide with the sequences it has).
+        The entry starts again at the new stream's first sequence: removed, then added back, which
+        NATS takes as a new entry since the position it recorded is for the old stream; a mirror is
+        promoted and a source entry goes on instead. Returns (recorded, target info, entry)."""
+        path = engine.route(spec)
+        assert path is not None
+        stream, source_stream = str(recorded["stream"]), str(recorded["sourceStream"])
+        owned = [i for i in [native.identity_from_status(recorded)] if i]
+        was_mirror = mirror.is_mirror(recorded)
+        if was_mirror:
+            await self._promote(target, info, spec)
+        else:
+            await self._detach_entry(target, info, owned)
+        start = Start(sequence=max(1, state.first_seq))
+        desired = native.build_entry(spec, path, source_stream, start)
+        current = await target.stream_info(stream)
+        if current is None:
+            raise NativeError(f"target stream {stream} disappeared while its entry was reset")
+        sources = native.with_entry(current["config"].get("sources"), desired, owned) or current["config"].get(
+            "sources")
+        current = await target.update_stream({**current["config"], "sources": sources})
+        lost = f"; the new stream starts at sequence {state.first_seq}: {state.first_seq - 1} of its messages " \
+               "were gone before the repair" if state.first_seq > 1 else ""
+        message = (f"source stream {source_stream} is a new stream: {why}; the "
+                   + ("mirror was promoted and a source entry" if was_mirror else "entry")
+                   + f" starts again at its sequence {start.sequence}{lost}")
+        count = int(recorded.get("recreations") or 0) + 1
+        recorded = {**recorded, "start": start.status(), "sourceCreated": state.created, "recreations": count,
+                    "lastRecreation": f"{self.clock().strftime('%Y-%m-%dT%H:%M:%SZ')}: {message}"}
+        if was_mirror:
+            recorded.update(form=mirror.SOURCE, formReason=mirror.PROMOTED + "the source stream was created again")
+        await self.status.persist(body, memory, {"native": recorded})
+        self.events.post(body, "Warning", st.SOURCE_RECREATED, message)
+        return recorded, current, desired
+
+    @staticmethod
+    async def _detach_entry(target: TargetSession, info: Mapping[str, Any], owned: list[native.Identity]) -> None:
+        sources = native.without_entry(info["config"].get("sources"), owned)
+        if sources is not None:
+            await target.update_stream({**info["config"], "sources": sources})
 
     def _observe(self, memory: Memory, spec: ReplicationSpec, seen: health.SourceHealth, stream: str | None,
-                 source: str | None, mirrored: bool) -> st.Native:
+                 source: str | None, recorded: Mapping[str, Any]) -> st.Native:
         """What the target stream says about our entry: status.lag/lastActive and the conditions' view."""
         state = memory.engine
         state.progress, seen = health.progress(state.progress, seen, self.clock())
         state.native_fields = health.status_fields(seen, state.progress)
         state.sample = NativeSample(spec.replicator_name, seen.lag, seen.current, seen.inactive,
-                                    seen.error is not None)
+                                    seen.error is not None, int(recorded.get("recreations") or 0))
         unready = None if seen.error else seen.unready(spec.native)
         return st.Native(configured=True, stream=stream, source=source, error=seen.error, unready=unready,
-                         degrading=unready is not None and unready[0] == health.SOURCE_INACTIVE, mirror=mirrored)
+                         degrading=unready is not None and unready[0] == health.SOURCE_INACTIVE,
+                         mirror=mirror.is_mirror(recorded), recreated=recorded.get("lastRecreation"))
 
     @staticmethod
     def _change(label: str, source: str, before: list[Mapping[str, Any]], desired: Mapping[str, Any],
@@ -404,8 +461,11 @@ class EngineSwitch:
             if (live is None or desired is None or native.identity(desired) != owned
                     or native.identity(live) != owned or not native.same_entry(live, desired)):
                 return False
-            seen = await native_watch.measure(spec, self.secrets, target, recorded, info, live, self.nats_timeout)
-        view = self._observe(memory, spec, seen, str(recorded.get("stream")), owned[0], mirror.is_mirror(recorded))
+            looked = await native_watch.measure(spec, self.secrets, target, recorded, info, live, self.nats_timeout)
+        if looked.state is not None and health.recreated(recorded.get("sourceCreated"), looked.state.created,
+                                                         looked.state.last_seq, looked.seen.current):
+            return False  # a new source stream: the pass resets the entry
+        view = self._observe(memory, spec, looked.seen, str(recorded.get("stream")), owned[0], recorded)
         if memory.engine.native_view is not None:
             memory.engine.native_view = view
         return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from replication_operator.checks.secrets import Secrets
@@ -33,8 +34,17 @@ async def delivered(target: TargetSession, recorded: Mapping[str, Any]) -> int |
     return native.delivered_sequence(headers.get(native.SOURCE_HEADER), native.recorded_entry(recorded))
 
 
+@dataclass(frozen=True)
+class Measure:
+    """One look at both ends: NATS's view with the lag from both ends (`seen`), the source stream
+    as its own servers report it (`state`, None when they cannot be read)."""
+
+    seen: SourceHealth
+    state: probes.SourceState | None
+
+
 async def measure(spec: ReplicationSpec, secrets: Secrets, target: TargetSession, recorded: Mapping[str, Any],
-                  info: Mapping[str, Any], entry: Mapping[str, Any], time_limit: float) -> SourceHealth:
+                  info: Mapping[str, Any], entry: Mapping[str, Any], time_limit: float) -> Measure:
     """NATS's view of the entry (`info`: the target stream's), with the lag counted from both ends
     when the source answers. A mirror keeps the source's sequences: its last is the last delivered."""
     if mirror.is_mirror(recorded):
@@ -43,7 +53,7 @@ async def measure(spec: ReplicationSpec, secrets: Secrets, target: TargetSession
     else:
         seen = health.source_health(native.source_info(info, entry))
         last = await delivered(target, recorded)
-    source_last = None
+    source_last, state = None, None
     try:
         auth = await secrets.auth(spec, spec.source)
         state = await probes.read_source_stream(spec, str(recorded.get("sourceStream")), auth, time_limit)
@@ -51,4 +61,4 @@ async def measure(spec: ReplicationSpec, secrets: Secrets, target: TargetSession
             source_last = state.last_seq
     except NatsStatusError:
         pass  # the source's own servers are out of reach: NATS's lag is all there is
-    return health.measured(seen, last, source_last)
+    return Measure(health.measured(seen, last, source_last), state)

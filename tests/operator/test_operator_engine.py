@@ -301,3 +301,14 @@ def test_the_mirror_form_of_a_created_target() -> None:
     promoted = mirror.promoted(config, spec)
     assert "mirror" not in promoted and promoted["subjects"] == ["hub.fleet.>"]
     assert mirror.live_mirror(promoted) is None
+
+
+def test_a_recreated_source_stream_is_recognised() -> None:
+    assert health.recreated("2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z", 500, 400) is None
+    assert "created again at 2026-02-01" in (health.recreated("2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z",
+                                                               500, 400) or "")
+    assert "below sequence 400" in (health.recreated(None, "2026-02-01T00:00:00Z", 50, 400) or "")
+    assert health.recreated(None, "2026-02-01T00:00:00Z", 50, None) is None, "nothing delivered yet"
+    view = st.Native(configured=True, stream="HUB", source="FLEET", recreated="reset at 1")
+    assert [(c["type"], c["status"], c["reason"]) for c in st.conditions_for_native([], view, 2)][-1] == (
+        st.SOURCE_RECREATED, "True", st.REPAIRED)

@@ -173,3 +173,68 @@ async def test_promotion_to_the_replicator_loses_and_repeats_nothing(
     assert seqs == list(range(1, published + 1)), "in order"
     assert [m[0] for m in mirrored] == list(range(1, after["resumeAfter"] + 1)), "the mirror's sequences kept"
     assert "Promoted" in api.reasons(NS, name)
+
+
+async def publish_tagged(nc: Client, subject: str, tag: str, count: int) -> None:
+    js = nc.jetstream()
+    futures = [await js.publish_async(f"{subject}.n{i % 20}", f"{tag}{i}".encode()) for i in range(count)]
+    for future in futures:
+        await future
+
+
+@pytest.mark.parametrize("form", ["source", "mirror"])
+async def test_a_recreated_source_stream_is_repaired_without_loss_or_duplicates(
+    api: Api, operator: Reconciler, sites: tuple[LocalNatsServer, LocalNatsServer],  # noqa: F811
+    site_ncs: tuple[Client, Client], form: str,  # noqa: F811
+) -> None:
+    """NATS alone reports lag 0 and copies nothing from a source stream deleted and created again
+    (it waits for the old stream's next sequence); the operator sees the new stream (its creation
+    time) and starts the entry again at its first sequence: every message of both streams lands
+    once. A mirror cannot take the new stream's sequences: it is promoted and a source entry goes on."""
+    leaf, hub = sites
+    leaf_nc, hub_nc = site_ncs
+    js = leaf_nc.jetstream()
+    upper = form.upper()
+    await js.add_stream(name=f"REC_{upper}", subjects=[f"rec{form}.>"])
+    await publish_tagged(leaf_nc, f"rec{form}", "old", 1000)
+    name = f"recreated-{form}"
+    body = resource(name, leaf, hub, target={"stream": f"REC_{upper}_HUB"}, native={"form": form})
+    body["spec"].update(topic=f"rec{form}.>")
+    body["spec"]["source"]["stream"] = f"REC_{upper}"
+    await api.create(body)
+    await wait_for(lambda: condition(api, name, "Ready").get("reason") == "Sourcing", within=30)
+    assert status(api, name)["native"]["form"] == form
+
+    async def bodies() -> list[bytes]:
+        return [data for _, subject, data, _ in await stored(hub_nc, f"REC_{upper}_HUB")
+                if subject.startswith(f"hub.rec{form}.")]
+
+    async def count(n: int) -> bool:
+        return len(await bodies()) >= n
+
+    await wait_for(lambda: count(1000), within=30, interval=0.3)
+    await wait_for(lambda: status(api, name)["native"].get("sourceCreated"), within=10)
+
+    await js.delete_stream(f"REC_{upper}")
+    await js.add_stream(name=f"REC_{upper}", subjects=[f"rec{form}.>"])
+    await publish_tagged(leaf_nc, f"rec{form}", "new", 600)
+    await wait_for(lambda: condition(api, name, "SourceRecreated").get("reason") == "Repaired", within=30)
+    await publish_tagged(leaf_nc, f"rec{form}", "more", 400)
+    await wait_for(lambda: count(2000), within=30, interval=0.3)
+    await wait_for(lambda: status(api, name).get("lag") == 0, within=15)
+    landed = await bodies()
+    expected = {f"old{i}".encode() for i in range(1000)} | {f"new{i}".encode() for i in range(600)} | {
+        f"more{i}".encode() for i in range(400)}
+    duplicated = len(landed) - len(set(landed))
+    lost = expected - set(landed)
+    native_status = status(api, name)["native"]
+    print(f"\nrecreated source ({form}): {len(landed)} landed of {len(expected)}, lost {len(lost)}, "
+          f"duplicated {duplicated}; {native_status['lastRecreation']}")
+    assert (len(lost), duplicated) == (0, 0)
+    assert native_status["recreations"] == 1 and native_status["form"] == "source"
+    assert "SourceRecreated" in api.reasons(NS, name)
+    sample = operator.metrics.registry.get_sample_value(
+        "stream_replicator_native_source_recreations",
+        {"namespace": NS, "name": naming.default_replicator_name(NS, name), "worker": "native"})
+    assert sample == 1
+    assert condition(api, name, "Ready")["reason"] == "Sourcing"
