@@ -67,7 +67,7 @@ def source_health(info: Mapping[str, Any] | None) -> SourceHealth:
 def covers(topic: str, subjects: Sequence[str]) -> bool:
     """Whether the entry's filter takes every message of a stream with these subjects: then the
     source's last sequence minus the last one delivered counts exactly the messages still to come."""
-    return topic == ">" or topic in subjects
+    return topic == ">" or list(subjects) == [topic]
 
 
 def measured(seen: SourceHealth, delivered: int | None, source_last: int | None) -> SourceHealth:

@@ -55,12 +55,20 @@ def live_mirror(config: Mapping[str, Any]) -> dict[str, Any] | None:
     return dict(mirror) if isinstance(mirror, Mapping) else None
 
 
-def promoted(config: Mapping[str, Any], spec: ReplicationSpec) -> dict[str, Any]:
-    """The stream's config after promotion: no mirror, and the subjects the replicator writes."""
+def promoted(config: Mapping[str, Any], spec: ReplicationSpec | None) -> dict[str, Any]:
+    """The stream's config after promotion: no mirror, and the subjects the replicator of `spec`
+    writes (None: a source entry goes on, which needs none)."""
     result = {k: v for k, v in config.items() if k != "mirror"}
-    subject = rewrite_subject(spec.topic, spec.target.subject_prefix, spec.target.subject_remove)
-    result["subjects"] = list(dict.fromkeys([*(config.get("subjects") or []), subject]))
+    if spec is not None:
+        subject = rewrite_subject(spec.topic, spec.target.subject_prefix, spec.target.subject_remove)
+        result["subjects"] = list(dict.fromkeys([*(config.get("subjects") or []), subject]))
     return result
+
+
+def made_by_operator(config: Mapping[str, Any]) -> bool:
+    """A mirror some StreamReplication created (see `mirror_config`): a second source may promote it."""
+    description = str(config.get("description") or "")
+    return description.startswith("mirror of ") and description.endswith("by stream-replicator (native engine)")
 
 
 def existing_reason(spec: ReplicationSpec) -> str:
@@ -68,3 +76,15 @@ def existing_reason(spec: ReplicationSpec) -> str:
     if spec.native.form == MIRROR:
         return "spec.native.form is mirror, but " + STREAM_EXISTED + " (a mirror needs a stream of its own)"
     return STREAM_EXISTED
+
+
+def unfiltered(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The entry without a filter that takes the whole source stream anyway: NATS then mirrors
+    without a filtered consumer, as a hand-made mirror does (measured: a filtered mirror of the
+    same messages copies slower). A subject transform stays."""
+    return {k: v for k, v in entry.items() if k != "filter_subject"}
+
+
+def whole(recorded: Mapping[str, Any]) -> bool:
+    """Whether the recorded mirror reads the whole source stream (no filter)."""
+    return is_mirror(recorded) and list(recorded.get("filterSubjects") or []) == [native.ALL]

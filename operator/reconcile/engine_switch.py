@@ -196,6 +196,8 @@ class EngineSwitch:
             recorded = {**recorded, "stream": stream, "start": start.status()}
             await self.status.persist(body, memory, {"engine": NATIVE, "native": recorded, "resumeAfter": None})
         desired = native.build_entry(spec, path, source_stream, start)
+        if mirror.whole(recorded):
+            desired = mirror.unfiltered(desired)
         if native.moved(recorded, desired, stream):  # the spec moved it: go on where the old one stopped
             last = await self._detach(target, recorded, spec)
             start = Start(sequence=last + 1) if last else start
@@ -210,8 +212,10 @@ class EngineSwitch:
         info = await target.stream_info(stream)
         label = f"stream {stream}"
         if info is not None and mirror.is_mirror(recorded) and mirror.live_mirror(info["config"]) is None:
-            # Promoted outside the operator: a source entry goes on after what the mirror copied.
-            last = int((info.get("state") or {}).get("last_seq") or 0)
+            # Promoted outside the operator, or by a second source: a source entry goes on after what
+            # the mirror copied (its last copy on our subjects; another entry may have written since).
+            last = await native_watch.last_sequence(target, recorded) or int(
+                (info.get("state") or {}).get("last_seq") or 0)
             start = Start(sequence=last + 1)
             desired = native.build_entry(spec, path, source_stream, start)
             recorded = {"stream": stream, "start": start.status(), "form": mirror.SOURCE,
@@ -228,6 +232,8 @@ class EngineSwitch:
                 raise NativeError(f"cannot create target stream {stream}: {source_error}")
             form, why = mirror.form_for_new_stream(spec)
             build = mirror.mirror_config if form == mirror.MIRROR else native.target_config
+            if form == mirror.MIRROR and health.covers(spec.topic, source["config"].get("subjects") or []):
+                desired = mirror.unfiltered(desired)
             info = await target.create_stream(build(source["config"], spec, stream, desired, source_stream))
             recorded = {**recorded, "form": form, "formReason": why}
             what = "mirroring" if form == mirror.MIRROR else "sourcing"
@@ -237,6 +243,16 @@ class EngineSwitch:
         else:
             if not recorded.get("form"):
                 recorded = {**recorded, "form": mirror.SOURCE, "formReason": mirror.existing_reason(spec)}
+            held = mirror.live_mirror(info["config"])
+            if held is not None:  # a mirror takes no source entry
+                if not mirror.made_by_operator(info["config"]):
+                    return NativeOutcome([st.Problem(engine.SOURCE_ENTRY_FAILED, f"target stream {stream} is a "
+                                                     f"mirror of {held.get('name')} made outside the operator: "
+                                                     "NATS adds no source entry to a mirror")])
+                info = await target.update_stream(mirror.promoted(info["config"], None))
+                self.events.post(body, "Normal", "Promoted", f"promoted {label}, the mirror of {held.get('name')} "
+                                 "another StreamReplication created, to take this second source (it goes on as a "
+                                 "source entry)")
             live = info["config"].get("sources")
             sources = native.with_entry(live, desired, owned)
             if sources is not None:
@@ -458,6 +474,8 @@ class EngineSwitch:
                 live = native.find_entry(info["config"].get("sources"), owned)
             start = Start.from_status(recorded.get("start")) or Start()
             desired = native.build_entry(spec, path, owned[0], start) if native.subject_mapping(spec) else None
+            if desired is not None and mirror.whole(recorded):
+                desired = mirror.unfiltered(desired)
             if (live is None or desired is None or native.identity(desired) != owned
                     or native.identity(live) != owned or not native.same_entry(live, desired)):
                 return False

@@ -23,11 +23,21 @@ from replication_operator.nats import probes
 from replication_operator.nats.connection import NatsStatusError
 
 
-async def delivered(target: TargetSession, recorded: Mapping[str, Any]) -> int | None:
-    """The source sequence of the last message on the entry's subjects, when our entry wrote it."""
+async def _last(target: TargetSession, recorded: Mapping[str, Any]) -> dict[str, Any] | None:
     filters = tuple(recorded.get("filterSubjects") or [native.ALL])
     destinations = tuple(recorded.get("destinations") or [native.ALL])
-    last = await target.message(str(recorded.get("stream")), {"last_by_subj": target_subject(destinations, filters)})
+    return await target.message(str(recorded.get("stream")), {"last_by_subj": target_subject(destinations, filters)})
+
+
+async def last_sequence(target: TargetSession, recorded: Mapping[str, Any]) -> int | None:
+    """The stream sequence of the last message on the entry's subjects (a mirror's: its source's)."""
+    last = await _last(target, recorded)
+    return int(last["seq"]) if last and last.get("seq") else None
+
+
+async def delivered(target: TargetSession, recorded: Mapping[str, Any]) -> int | None:
+    """The source sequence of the last message on the entry's subjects, when our entry wrote it."""
+    last = await _last(target, recorded)
     if not last or not last.get("hdrs"):
         return None
     headers = parse_headers(base64.b64decode(last["hdrs"]))

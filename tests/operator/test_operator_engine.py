@@ -209,6 +209,7 @@ def test_native_readiness_comes_from_both_ends() -> None:
     linked = health.source_health({"lag": 0, "active": 500_000_000})
     assert health.measured(linked, 900, 1000).lag == 100 and health.measured(linked, 900, None).lag == 0
     assert health.covers("fleet.>", ["fleet.>"]) and not health.covers("fleet.a", ["fleet.>"])
+    assert not health.covers("fleet.>", ["fleet.>", "other.>"]), "the other subject's messages are no lag"
     last, seen = health.progress(None, health.measured(linked, 900, 1000), NOW)
     assert seen.unready(bounds) is None and seen.current == 900
     later = NOW + dt.timedelta(seconds=45)
@@ -301,6 +302,10 @@ def test_the_mirror_form_of_a_created_target() -> None:
     promoted = mirror.promoted(config, spec)
     assert "mirror" not in promoted and promoted["subjects"] == ["hub.fleet.>"]
     assert mirror.live_mirror(promoted) is None
+    assert "filter_subject" not in mirror.unfiltered(entry) and mirror.unfiltered(entry)["name"] == "FLEET"
+    assert mirror.whole({"form": "mirror", "filterSubjects": [">"]})
+    assert not mirror.whole({"form": "mirror", "filterSubjects": ["fleet.>"]})
+    assert mirror.made_by_operator(config) and not mirror.made_by_operator({"description": "mine"})
 
 
 def test_a_recreated_source_stream_is_recognised() -> None:

@@ -61,7 +61,7 @@ async def stored(nc: Client, stream: str, first: int = 1) -> list[Message]:
 def source_sequence(message: Message) -> int:
     """The source sequence a copy stands for: the mirror's own sequence, or the replicator's header."""
     seq, _, _, headers = message
-    header = headers.get("Stream-Replicator-Source")
+    header = headers.get("Stream-Replicator-Source") or headers.get("Nats-Stream-Source")
     return int(header.split(" ")[1]) if header else seq
 
 
@@ -238,3 +238,55 @@ async def test_a_recreated_source_stream_is_repaired_without_loss_or_duplicates(
         {"namespace": NS, "name": naming.default_replicator_name(NS, name), "worker": "native"})
     assert sample == 1
     assert condition(api, name, "Ready")["reason"] == "Sourcing"
+
+
+async def test_a_second_source_promotes_the_mirror_losing_and_repeating_nothing(
+    api: Api, operator: Reconciler, sites: tuple[LocalNatsServer, LocalNatsServer],  # noqa: F811
+    site_ncs: tuple[Client, Client],  # noqa: F811
+) -> None:
+    """A second resource into the stream the first created as a mirror: the mirror is promoted, the
+    first goes on as a source entry right after the mirror's last copy, while its source is written
+    without pause; the second's messages land beside."""
+    leaf, hub = sites
+    leaf_nc, hub_nc = site_ncs
+    js = leaf_nc.jetstream()
+    await js.add_stream(name="FIRST", subjects=["first.>"])
+    await js.add_stream(name="SECOND", subjects=["second.>"])
+    await publish(leaf_nc, "second", 300)
+    publisher = Publisher(leaf_nc, "first")
+    publisher.start()
+    first = resource("first", leaf, hub, target={"stream": "SHARED_HUB"})
+    first["spec"].update(topic="first.>")
+    first["spec"]["source"]["stream"] = "FIRST"
+    await api.create(first)
+    await wait_for(lambda: status(api, "first").get("native", {}).get("form") == mirror.MIRROR, within=30)
+
+    async def ours(prefix: str) -> list[Message]:
+        return [m for m in await stored(hub_nc, "SHARED_HUB") if m[1].startswith(prefix)]
+
+    async def at_least(prefix: str, n: int) -> bool:
+        info = await api_call(hub_nc, "STREAM.INFO.SHARED_HUB", {"subjects_filter": f"{prefix}>"})
+        return sum((info["state"].get("subjects") or {}).values()) >= n
+
+    await wait_for(lambda: at_least("hub.first.", 300), within=30, interval=0.3)
+    second = resource("second", leaf, hub, target={"stream": "SHARED_HUB", "subjectPrefix": "hub2"})
+    second["spec"].update(topic="second.>")
+    second["spec"]["source"]["stream"] = "SECOND"
+    await api.create(second)
+    await wait_for(lambda: "Promoted" in api.reasons(NS, "second"), within=30)
+    await wait_for(lambda: status(api, "first")["native"].get("form") == mirror.SOURCE, within=30)
+    assert status(api, "first")["native"]["formReason"].startswith(mirror.PROMOTED)
+    await wait_for(lambda: at_least("hub2.second.", 300), within=30, interval=0.3)
+    await wait_for(lambda: condition(api, "first", "Ready").get("reason") == "Sourcing", within=30)
+    before = publisher.count
+    await wait_for(lambda: at_least("hub.first.", before + 300), within=30, interval=0.3)
+    published = await publisher.stop()
+    await wait_for(lambda: at_least("hub.first.", published), within=60, interval=0.5)
+    seqs = [source_sequence(m) for m in await ours("hub.first.")]
+    lost = sorted(set(range(1, published + 1)) - set(seqs))
+    duplicated = len(seqs) - len(set(seqs))
+    print(f"\nsecond source: {published} published to the first, {len(seqs)} landed, lost {len(lost)}, "
+          f"duplicated {duplicated}; the second's {len(await ours('hub2.second.'))} of 300 beside")
+    assert (lost, duplicated) == ([], 0)
+    assert seqs == list(range(1, published + 1))
+    assert "mirror" not in await stream_config(hub_nc, "SHARED_HUB")
