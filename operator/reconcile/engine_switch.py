@@ -214,7 +214,8 @@ class EngineSwitch:
         if info is not None and mirror.is_mirror(recorded) and mirror.live_mirror(info["config"]) is None:
             # Promoted outside the operator, or by a second source: a source entry goes on after what
             # the mirror copied (its last copy on our subjects; another entry may have written since).
-            last = await native_watch.last_sequence(target, recorded) or int(
+            ours = rewrite_subject(spec.topic, spec.target.subject_prefix, spec.target.subject_remove)
+            last = await native_watch.last_sequence(target, stream, ours) or int(
                 (info.get("state") or {}).get("last_seq") or 0)
             start = Start(sequence=last + 1)
             desired = native.build_entry(spec, path, source_stream, start)

@@ -29,9 +29,9 @@ async def _last(target: TargetSession, recorded: Mapping[str, Any]) -> dict[str,
     return await target.message(str(recorded.get("stream")), {"last_by_subj": target_subject(destinations, filters)})
 
 
-async def last_sequence(target: TargetSession, recorded: Mapping[str, Any]) -> int | None:
-    """The stream sequence of the last message on the entry's subjects (a mirror's: its source's)."""
-    last = await _last(target, recorded)
+async def last_sequence(target: TargetSession, stream: str, subject: str) -> int | None:
+    """The stream sequence of the last message on `subject` (a mirror's copy: its source's sequence)."""
+    last = await target.message(stream, {"last_by_subj": subject})
     return int(last["seq"]) if last and last.get("seq") else None
 
 
