@@ -38,6 +38,7 @@ class SourceHealth:
     current: int | None = None
     heard: bool = False
     inactive: float = 0.0
+    reported_lag: int | None = None  # NATS's own, before `measured` (None: not measured)
 
     def unready(self, settings: NativeSettings) -> tuple[str, str] | None:
         """(reason, message) when the entry runs without error but is not to be called Ready."""
@@ -76,7 +77,23 @@ def measured(seen: SourceHealth, delivered: int | None, source_last: int | None)
     lag = seen.lag
     if delivered is not None and source_last is not None:
         lag = max(lag or 0, source_last - delivered)
-    return replace(seen, lag=lag, current=delivered if delivered is not None else seen.current)
+    return replace(seen, lag=lag, current=delivered if delivered is not None else seen.current, reported_lag=seen.lag)
+
+
+def silent(previous: Progress | None, seen: SourceHealth, now: dt.datetime, settings: NativeSettings) -> str | None:
+    """NATS reports lag 0 and no error, yet nothing arrived for `maxInactive` while the source holds
+    more (counted from both ends): its consumer on the source waits for a sequence that will not
+    come, as after a source stream was created again unnoticed. Only meaningful while the target
+    reaches the source (a cut link looks the same)."""
+    if previous is None or seen.error or not seen.heard or seen.reported_lag != 0 or not seen.lag:
+        return None
+    if seen.current is not None and seen.current != previous.current:
+        return None
+    waited = (now - previous.since).total_seconds()
+    if waited <= parse_duration(settings.max_inactive):
+        return None
+    return (f"NATS reports lag 0 but nothing arrived for {waited:.0f}s while the source holds {seen.lag} more "
+            "messages")
 
 
 @dataclass(frozen=True)

@@ -268,6 +268,8 @@ class EngineSwitch:
         if looked.state is not None:
             why = health.recreated(recorded.get("sourceCreated"), looked.state.created, looked.state.last_seq,
                                    looked.seen.current)
+            if not why and source is not None:  # the target reaches the source: not a cut link
+                why = health.silent(memory.engine.progress, looked.seen, self.clock(), spec.native)
             if why:
                 recorded, info, desired = await self._restart(body, spec, memory, target, recorded, info,
                                                               looked.state, why)
@@ -305,7 +307,7 @@ class EngineSwitch:
         current = await target.update_stream({**current["config"], "sources": sources})
         lost = f"; the new stream starts at sequence {state.first_seq}: {state.first_seq - 1} of its messages " \
                "were gone before the repair" if state.first_seq > 1 else ""
-        message = (f"source stream {source_stream} is a new stream: {why}; the "
+        message = (f"source stream {source_stream} taken for a new stream: {why}; the "
                    + ("mirror was promoted and a source entry" if was_mirror else "entry")
                    + f" starts again at its sequence {start.sequence}{lost}")
         count = int(recorded.get("recreations") or 0) + 1

@@ -317,3 +317,19 @@ def test_a_recreated_source_stream_is_recognised() -> None:
     view = st.Native(configured=True, stream="HUB", source="FLEET", recreated="reset at 1")
     assert [(c["type"], c["status"], c["reason"]) for c in st.conditions_for_native([], view, 2)][-1] == (
         st.SOURCE_RECREATED, "True", st.REPAIRED)
+
+
+def test_nats_waiting_in_vain() -> None:
+    """Lag 0 from NATS, more on the source counted from both ends, nothing delivered for maxInactive."""
+    bounds = spec_of(native={"maxInactive": "30s"}).native
+    linked = health.source_health({"lag": 0, "active": 500_000_000})
+    last, _ = health.progress(None, health.measured(linked, 900, 900), NOW)
+    later = NOW + dt.timedelta(seconds=45)
+    waiting = health.measured(linked, 900, 1200)
+    assert "nothing arrived for 45s while the source holds 300 more" in (health.silent(last, waiting, later, bounds)
+                                                                         or "")
+    assert health.silent(last, waiting, NOW + dt.timedelta(seconds=10), bounds) is None, "not for maxInactive yet"
+    copying = health.measured(health.source_health({"lag": 300, "active": 1}), 900, 1200)
+    assert health.silent(last, copying, later, bounds) is None, "NATS knows it is behind"
+    assert health.silent(last, health.measured(linked, 1000, 1200), later, bounds) is None, "it moved"
+    assert health.silent(last, health.measured(linked, 900, None), later, bounds) is None, "source not read"

@@ -22,11 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from replication_operator.metrics import NATIVE_METRIC_NAMES
 from replication_operator.model import naming
 from replication_operator.reconcile.reconciler import Reconciler
+from replication_operator.settings import OperatorConfig
 
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.operator.conftest import FAST
 from tests.operator.helpers import Api
-from tests.operator.test_operator_native import LEAF_API, NS, condition, publish, resource, status
+from tests.operator.test_operator_native import LEAF_API, NS, api_call, condition, publish, resource, status
+from tests.operator.test_operator_native_mirror import publish_tagged, stored
 from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 from tests.support.tcp_proxy import TcpProxy
 
@@ -149,3 +151,61 @@ async def test_native_lag_and_readiness_follow_a_cut_link(linked: LinkedSites, c
 def metrics_port(reconciler: Reconciler) -> int:
     assert reconciler.metrics_server is not None
     return reconciler.metrics_server.port
+
+
+@pytest.mark.timeout(180)
+async def test_nats_waiting_in_vain_is_found_and_repaired(linked: LinkedSites, cluster: ClusterEmulator) -> None:
+    """A source stream created again while the operator was down, and already past the old one's
+    last sequence: neither its creation time (never recorded) nor its sequences give it away. NATS
+    reports lag 0 and copies nothing; the operator sees nothing arrive for maxInactive while the
+    source holds more, and resets the entry: every message of both streams lands once."""
+    leaf_nc, hub_nc = await nats.connect(linked.leaf.url), await nats.connect(linked.hub.url)
+    api = Api(cluster)
+    config = OperatorConfig(status_interval=0.3, resync_interval=2.0, nats_timeout=2.0)
+    try:
+        await wait_for(lambda: joined(hub_nc), within=15, interval=0.2)
+        js = leaf_nc.jetstream()
+        await js.add_stream(name="SIL", subjects=["sil.>"])
+        await publish_tagged(leaf_nc, "sil", "old", 500)
+        name = "silent"
+        body = resource(name, linked.leaf, linked.hub, engine="native", target={"stream": "SIL_HUB"},
+                        native={"form": "source", "maxInactive": "2s"})
+        body["spec"].update(topic="sil.>")
+        body["spec"]["source"]["stream"] = "SIL"
+
+        async def landed() -> list[bytes]:
+            return [m[2] for m in await stored(hub_nc, "SIL_HUB") if m[1].startswith("hub.sil.")]
+
+        async def count(n: int) -> bool:
+            try:
+                info = await api_call(hub_nc, "STREAM.INFO.SIL_HUB", {"subjects_filter": "hub.sil.>"})
+            except AssertionError:  # not created yet
+                return False
+            return sum((info["state"].get("subjects") or {}).values()) >= n
+
+        async with embedded_operator(str(cluster.url), config=config):
+            await api.create(body)
+            await wait_for(lambda: count(500), within=30, interval=0.3)
+            await wait_for(lambda: status(api, name)["native"].get("sourceCreated"), within=10)
+        # The operator is down: the stream is created again, past the old one's last sequence, and
+        # the creation time it had recorded is gone with it (as if it had never been read).
+        await js.delete_stream("SIL")
+        await js.add_stream(name="SIL", subjects=["sil.>"])
+        await publish_tagged(leaf_nc, "sil", "new", 800)
+        native_status = {k: v for k, v in status(api, name)["native"].items() if k != "sourceCreated"}
+        await api.patch(naming.STREAM_REPLICATION, NS, name, {"status": {"native": None}}, subresource="status")
+        await api.patch(naming.STREAM_REPLICATION, NS, name, {"status": {"native": native_status}},
+                        subresource="status")
+        async with embedded_operator(str(cluster.url), config=config):
+            await wait_for(lambda: condition(api, name, "SourceRecreated").get("reason") == "Repaired", within=60)
+            await wait_for(lambda: count(1300), within=30, interval=0.3)
+            message = condition(api, name, "SourceRecreated")["message"]
+        found = await landed()
+        expected = {f"old{i}".encode() for i in range(500)} | {f"new{i}".encode() for i in range(800)}
+        print(f"\nNATS waiting in vain: {len(found)} landed of {len(expected)}, lost {len(expected - set(found))}, "
+              f"duplicated {len(found) - len(set(found))}; {message}")
+        assert set(found) == expected and len(found) == len(expected)
+        assert "NATS reports lag 0 but nothing arrived" in message
+    finally:
+        await leaf_nc.close()
+        await hub_nc.close()
