@@ -15,9 +15,9 @@ stream is preloaded on the site. Each row copies it to the hub:
 - the same resource with `engine: replicator`: the worker Deployment's container, run as a process.
 
 Rates count from the first message on the hub to the last (start-up excluded, as bench.dataplane);
-"from create" adds everything from the moment the mirror or the resource is created. Mirror,
-native engine and source entry run interleaved on the same servers and data, five times each:
-medians.
+"from create" adds everything from the moment the mirror or the resource is created. The mirror,
+the source entry and both native forms run interleaved on the same servers and data, five times
+each: medians.
 Target, held by the exit status: each form of the native engine at >= 0.9x what it writes made by
 hand, the source entry against a hand-made source entry (a source costs NATS more than a mirror),
 the mirror form against the hand-made mirror.
