@@ -25,6 +25,8 @@ STATES = ("healthy", "timeout", "expired")
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "resource_replicas_desired": ("Worker pods a StreamReplication asks for (spec.replicas)", ()),
     "resource_replicas_ready": ("Worker pods of a StreamReplication that are ready (status.readyReplicas)", ()),
+    "resource_copy_loop": ("1 while a worker of a StreamReplication refuses a copy loop (the CopyLoop "
+                           "condition is True), else 0", ()),
     "fleet_health_last_run_timestamp_seconds": ("Last fleet-health run (status.fleet.lastRun), or the resource's "
                                                 "creation until the first run, unix seconds", ()),
     "fleet_health_interval_seconds": ("Longest gap between two scheduled fleet-health runs "
@@ -79,6 +81,8 @@ class OperatorMetrics:
             ("resource_replicas_desired", ()): desired,
             ("resource_replicas_ready", ()): int(status.get("readyReplicas") or 0),
         }
+        loops = [c for c in status.get("conditions") or [] if c.get("type") == "CopyLoop"]
+        values[("resource_copy_loop", ())] = 1.0 if any(c.get("status") == "True" for c in loops) else 0.0
         fleet = status.get("fleet") or {}
         last_run = _epoch(fleet.get("lastRun")) or _epoch(created)
         if fleet_interval is not None and last_run is not None:

@@ -91,6 +91,7 @@ def _topic(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]], resum
         "target_replicas": spec.target.replicas,
         "max_age": spec.max_age,
         "dead_letter": spec.dead_letter,
+        "active_active": spec.active_active or None,
     }
     topic.update({k: v for k, v in optional.items() if v is not None})
     if spec.ordered:

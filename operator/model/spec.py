@@ -322,6 +322,9 @@ class StreamReplicationSpec(Model):
     dead_letter: str | None = field(
         "Subject on the target cluster for poison messages (refused 5 times); a stream must capture it. Without "
         "it they are skipped. Counted and logged either way.", None, maxLength=255, pattern=LITERAL_SUBJECT)
+    active_active: bool | None = field(
+        "Two sites replicate into each other on purpose: a delivered copy that would loop (this replicator's own, "
+        "or one from the target stream) is skipped and counted instead of stopping the worker. Default false.", None)
     sampling: Sampling | None = field("Forward each sender at most once per `age`; exactly one sampling key.", None)
     advisory: Advisory | None = field("Publish new/timeout/recover/expire advisories about senders.", None)
     heartbeats: Heartbeats | None = field(

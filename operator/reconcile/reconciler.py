@@ -227,6 +227,9 @@ class Reconciler:
         try:
             auth = await self.secrets.auth(spec, spec.source)
             fields.update(await probes.read_consumer(spec, auth, timeout))
+            conditions = self._loop_conditions(body, memory, fields.pop(probes.LOOPS, ""))
+            if conditions is not None:
+                fields["conditions"] = conditions
             self._nats_ok(body, memory, "lag")
         except connection.NatsStatusError as err:
             self._nats_error(body, memory, "lag", "LagUnavailable", str(err))
@@ -266,6 +269,20 @@ class Reconciler:
         done = await self.switch.remove(body, spec)
         if done:
             self.events.post(body, "Normal", "SourceRemoved", done)
+
+    def _loop_conditions(self, body: Mapping[str, Any], memory: Memory, note: str) -> list[dict[str, Any]] | None:
+        """The conditions with CopyLoop from the workers' notes on their consumer (None: unchanged;
+        every later status write keeps it); a Warning event when a refusal appears."""
+        if (memory.copy_loop is None and not note) or note == memory.copy_loop:
+            return None
+        if "refused" in note:
+            self.events.post(body, "Warning", st.LOOP_REFUSED, note)
+        memory.copy_loop = note
+        old = memory.current_status(body).get("conditions") or []
+        cond = st.loop_condition(note, memory.observed_generation)
+        assert cond is not None
+        merged = st.merge_conditions(old, [cond], self.status.clock())
+        return [c for c in old if c.get("type") != st.COPY_LOOP] + merged
 
     def _nats_error(
         self, body: Mapping[str, Any], memory: Memory, what: str, reason: str, message: str

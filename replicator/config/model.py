@@ -102,6 +102,9 @@ class TopicConfig(Strict):
     target_create: bool = True
     # Replicas of a target stream the replicator creates (None: the source's). NATS allows 1 to 5.
     target_replicas: int | None = Field(default=None, ge=1, le=5)
+    # Two sites replicating into each other on purpose: a delivered copy that would loop (`copier/loops.py`)
+    # is skipped and counted instead of stopping the replicator.
+    active_active: bool = False
     source_cluster_id: str | None = None
     target_cluster_id: str | None = None
     workers: int = Field(default=1, ge=1, le=1024)

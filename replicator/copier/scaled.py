@@ -32,6 +32,7 @@ from replicator.copier.endpoints import (
 )
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
+from replicator.copier.loops import LoopGuard
 from replicator.copier.poison import StuckWatch, describe, give_up
 from replicator.copier.transform import MessageTransform
 from replicator.observe.metrics import observe_many
@@ -116,7 +117,8 @@ class ScaledWorker:
     def __post_init__(self) -> None:
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
-        self.verdict = verdict_for(self.ep)
+        self.guard = LoopGuard(self.ep, self.transform, self.ep.profile.group_name)
+        self.verdict = verdict_for(self.ep, self.guard.looped)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake, on_result=self._finished)
         self.sent: deque[InFlight] = deque()  # send order, for timeouts
         self.finished: deque[InFlight] = deque()  # settled by the target, waiting to be acked or nak'ed
@@ -151,6 +153,7 @@ class ScaledWorker:
                 await ep.source_js.delete_consumer(ep.source_stream, ep.profile.group_name)
             raise BindError(f"source stream {ep.source_stream} was created again while binding")
         self.transform.set_writer(identity)
+        await self.guard.bind()
         group.note(durable, identity)
         await self._read_features()
 
@@ -263,6 +266,7 @@ class ScaledWorker:
                 await ep.source_nc.flush(timeout=2)
         finally:
             ep.ready(False)
+            await self.guard.settle()
             await puller.stop()
             await self.publisher.stop()
 
