@@ -18,7 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from replicator.copier.control import Backoff, Stopper, wait_wake
-from replicator.copier.durable import FRESH_ATTEMPTS
+from replicator.copier.durable import FRESH_ATTEMPTS, OWNER_NOTE
 from replicator.copier.endpoints import (
     ACK_WAIT,
     POISON_ATTEMPTS,
@@ -430,6 +430,7 @@ async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str,
         max_ack_pending=max(20_000, max_in_flight * 8),
         filter_subject=ep.profile.settings.topic,
         max_waiting=2048,
+        metadata={OWNER_NOTE: ep.profile.base_name},
         **position,  # type: ignore[arg-type]
     )
     try:
