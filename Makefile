@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test demo bench lint clean image image-base image-test crd
+.PHONY: all venv test system-test demo bench lint clean image image-base image-test crd manifests
 
 all: test
 
@@ -54,6 +54,11 @@ CRD_FILES := crds/streamreplications.streamreplicator.io.yaml helm/stream-replic
 
 crd: $(STAMP)
 	$(BIN)/python -m replication_operator.model.crd $(CRD_FILES)
+
+# Plain manifests for installing without Helm (docs/operator.md), rendered from the chart into deploy/;
+# tests/helm/test_manifests.py fails while they differ from what the chart renders.
+manifests: $(STAMP)
+	$(BIN)/python helm/generate_manifests.py deploy
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
