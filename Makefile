@@ -26,6 +26,11 @@ TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
+# The product installed from its chart and watched by a real Prometheus (tests/system/, docs/what-the-chart-watches.md):
+# the operator, its workers and Prometheus as processes, over the API emulator. `make test` skips them.
+system-test: $(STAMP)
+	STREAM_REPLICATOR_SYSTEM_TESTS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests/system
+
 demo: $(STAMP)
 	$(BIN)/stream-replicator demo
 
