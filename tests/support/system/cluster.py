@@ -3,6 +3,7 @@ kubelet write (ServiceAccounts, RBAC, Endpoints, PrometheusRules), and installin
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import kmock
@@ -58,7 +59,7 @@ class SystemCluster(ClusterEmulator):
                 continue
             raw = obj.raw
             if raw.get("apiVersion") == api_version and raw.get("kind") == kind and namespace in (None, ns):
-                found.append(dict(raw))
+                found.append(copy.deepcopy(dict(raw)))
         return found
 
     async def send(self, method: str, url: str, body: Any = None,

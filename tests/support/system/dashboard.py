@@ -34,7 +34,7 @@ def load(path: Path) -> dict[str, Any]:
 def queries(dashboard: dict[str, Any]) -> list[Query]:
     found, row = [], ""
     for panel in dashboard["panels"]:
-        inner = panel.get("panels") or [] if panel.get("type") == "row" else [panel]
+        inner = (panel.get("panels") or []) if panel.get("type") == "row" else [panel]
         if panel.get("type") == "row":
             row = panel["title"]
         for p in inner:

@@ -78,14 +78,16 @@ class System:
     # Applied to every object Prometheus is configured from: a seam broken on purpose.
     tamper: Callable[[dict[str, Any]], None] | None = None
 
-    def sync_prometheus(self) -> None:
-        def seen(api_version: str, kind: str) -> list[dict[str, Any]]:
-            found = self.cluster.objects_of(api_version, kind)
-            if self.tamper is not None:
-                for obj in found:
-                    self.tamper(obj)
-            return found
+    def seen(self, api_version: str, kind: str) -> list[dict[str, Any]]:
+        """The objects of a kind as the prometheus-operator sees them (tampered with, if a test says)."""
+        found = self.cluster.objects_of(api_version, kind)
+        if self.tamper is not None:
+            for obj in found:
+                self.tamper(obj)
+        return found
 
+    def sync_prometheus(self) -> None:
+        seen = self.seen
         changed = self.prometheus.configure(
             seen("monitoring.coreos.com/v1", "ServiceMonitor"), seen("v1", "Service"), seen("v1", "Endpoints"),
             seen("monitoring.coreos.com/v1", "PrometheusRule"))

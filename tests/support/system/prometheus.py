@@ -96,7 +96,7 @@ class Prometheus:
 
     def configure(self, monitors: list[dict[str, Any]], services: list[dict[str, Any]],
                   endpoints: list[dict[str, Any]], rules: list[dict[str, Any]]) -> bool:
-        """Write config, rules and targets; True when the config (not only targets) changed."""
+        """Write config, rules and targets; True when the config or the rules (not only targets) changed."""
         found = jobs(monitors, services, endpoints)
         for job, (_, groups) in found.items():
             path = self._targets(job)
@@ -105,10 +105,14 @@ class Prometheus:
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(text)
                 tmp.replace(path)
+        rules_changed = False
         for rule in rules:
             meta = rule["metadata"]
             path = self.root / "rules" / f"{meta.get('namespace')}-{meta['name']}.yaml"
-            path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+            text = yaml.safe_dump({"groups": rule["spec"]["groups"]})
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+                rules_changed = True
         config = {
             "global": {"scrape_interval": "2s", "scrape_timeout": "1s",
                        "evaluation_interval": self.evaluation_interval},
@@ -122,7 +126,7 @@ class Prometheus:
         if changed:
             (self.root / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
             self._jobs = config
-        return changed
+        return changed or rules_changed
 
     def _targets(self, job: str) -> Path:
         return self.root / "targets" / f"{job.replace('/', '_')}.json"

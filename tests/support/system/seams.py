@@ -30,9 +30,9 @@ BUILTIN = {"__name__", "le", "job", "instance"}
 
 def unscraped(system: System) -> list[str]:
     problems = []
-    monitors = system.cluster.objects_of("monitoring.coreos.com/v1", "ServiceMonitor")
+    monitors = system.seen("monitoring.coreos.com/v1", "ServiceMonitor")
     targets = system.prometheus.targets()
-    for service in system.cluster.objects_of("v1", "Service"):
+    for service in system.seen("v1", "Service"):
         meta = service["metadata"]
         if not any(p.get("name") == "metrics" for p in service["spec"].get("ports") or []):
             continue
@@ -61,7 +61,8 @@ def _labels_read(expr: str) -> set[str]:
 
 
 def _series_labels(system: System, metric: str) -> set[str] | None:
-    found = system.prometheus.api("series", **{"match[]": metric})
+    """Labels of the metric's series as scraped now (a series a target stopped exporting is stale)."""
+    found = [s["metric"] for s in system.prometheus.query(f'{{__name__="{metric}"}}')]
     if not found:
         return None
     return {label for series in found for label in series}
@@ -89,16 +90,18 @@ def rule_gaps(system: System, absent_ok: Collection[str] = ()) -> list[str]:
     return problems
 
 
-def panel_results(system: System, rate_interval: str = "10s") -> list[tuple[dashboard.Query, int]]:
-    board = dashboard.load(DASHBOARD)
+def panel_results(system: System, rate_interval: str = "10s",
+                  board: dict[str, Any] | None = None) -> list[tuple[dashboard.Query, int]]:
+    board = board or dashboard.load(DASHBOARD)
     values = dashboard.variables(board, system.prometheus, rate_interval)
     return [(q, len(system.prometheus.query(dashboard.resolve(q, values)))) for q in dashboard.queries(board)]
 
 
-def empty_panels(system: System, skip_rows: Iterable[str] = ()) -> list[str]:
+def empty_panels(system: System, skip_rows: Iterable[str] = (), board: dict[str, Any] | None = None) -> list[str]:
+    """The shipped dashboard's queries (or `board`'s) that return nothing."""
     skip = set(skip_rows)
     return [f"seam exporter -> dashboard: panel {q.row}/{q.panel} ({q.legend or q.expr}) returns no series: {q.expr}"
-            for q, count in panel_results(system) if count == 0 and q.row not in skip]
+            for q, count in panel_results(system, board=board) if count == 0 and q.row not in skip]
 
 
 def active_alerts(system: System) -> list[dict[str, Any]]:
