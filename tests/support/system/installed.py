@@ -39,8 +39,12 @@ def monitoring_values(**alerts: str | int) -> dict[str, Any]:
     return {
         "metrics": {
             "serviceMonitor": {"enabled": True, "interval": SCRAPE, "scrapeTimeout": "900ms"},
-            "prometheusRule": {"enabled": True, "lagGrowingFor": "5s", "stuckFor": "5s", "notReadyFor": "5s",
-                               "leaderMissingFor": "5s", **alerts},
+            "prometheusRule": {
+                "enabled": True, "lagGrowingFor": "5s", "lagMinMessages": 20, "lagGrowingWindow": "20s",
+                "stuckFor": "5s", "stuckWindow": "20s", "notReadyFor": "5s", "poisonWindow": "20s",
+                "advisoryErrorsWindow": "20s", "certificateExpiringFor": "5s", "leaderMissingFor": "5s",
+                "fleetHealthNotRunFor": "5s", **alerts,
+            },
         },
         "operator": {
             # Free ports: every "pod" here shares the machine's network namespace.
