@@ -34,8 +34,10 @@ RELEASE, NAMESPACE = "sr", "ops"
 SCRAPE = "1s"
 
 
-def monitoring_values(**alerts: str | int) -> dict[str, Any]:
-    """What a user sets to watch the product, with short intervals and `for:` durations."""
+def monitoring_values(operator_env: dict[str, str] | None = None, **alerts: str | int) -> dict[str, Any]:
+    """What a user sets to watch the product, with short intervals and `for:` durations
+    (`operator_env`: more of the operator's settings, through the chart's `operator.extraEnv`)."""
+    env = {"STREAM_REPLICATOR_STATUS_INTERVAL": "1", **(operator_env or {})}
     return {
         "metrics": {
             "serviceMonitor": {"enabled": True, "interval": SCRAPE, "scrapeTimeout": "900ms"},
@@ -50,7 +52,7 @@ def monitoring_values(**alerts: str | int) -> dict[str, Any]:
             # Free ports: every "pod" here shares the machine's network namespace.
             "healthPort": free_port(),
             "metricsPort": free_port(),
-            "extraEnv": [{"name": "STREAM_REPLICATOR_STATUS_INTERVAL", "value": "1"}],
+            "extraEnv": [{"name": k, "value": v} for k, v in env.items()],
         },
     }
 

@@ -58,6 +58,8 @@ class Pod:
     readiness: dict[str, Any] | None
     ready: bool = False
     restarts: int = 0
+    # Secret volumes the kubelet keeps up to date: (volume, its Secret's volume source, what it holds).
+    secrets: list[tuple[SecretVolume, dict[str, Any], dict[str, bytes]]] = field(default_factory=list)
 
     def host_port(self, port: int | str) -> int:
         number = self.port_names[port] if isinstance(port, str) else port
@@ -118,6 +120,9 @@ class Kubelet:
             await self._stop_all(self.workloads.pop(key))
         for deployment in self.cluster.objects_of("apps/v1", "Deployment"):
             await self._release_foreground(deployment)
+        for workload in self.workloads.values():
+            for pod in workload.pods:
+                self._refresh_secrets(pod)
         await self._probe_all()
         await self._write_status()
         await self._write_endpoints()
@@ -199,6 +204,7 @@ class Kubelet:
         port_names = {p["name"]: int(p["containerPort"]) for p in container.get("ports") or [] if "name" in p}
         ports: dict[int, int] = {}
         rewrite: dict[str, str] = {}
+        secrets: list[tuple[SecretVolume, dict[str, Any], dict[str, bytes]]] = []
         for mount_path, (_, data) in contents.items():
             target = root / mount_path.lstrip("/")
             if WORKER_CONFIG_KEY in data and "configMap" in volumes[contents[mount_path][0]]:
@@ -206,7 +212,10 @@ class Kubelet:
                 data = {**data, WORKER_CONFIG_KEY: config}
                 rewrite[f"{mount_path}/{WORKER_CONFIG_KEY}"] = str(target / WORKER_CONFIG_KEY)
             if data:
-                SecretVolume(target, data)
+                volume = SecretVolume(target, data)
+                source = volumes[contents[mount_path][0]]
+                if "secret" in source:
+                    secrets.append((volume, source, data))
             else:
                 target.mkdir(parents=True, exist_ok=True)
         env = container_env(container, {"name": pod_name, "namespace": namespace})
@@ -215,7 +224,15 @@ class Kubelet:
             env["KUBECONFIG"] = str(self._kubeconfig(root, f"system:serviceaccount:{namespace}:{account}"))
         process = Process(argv_of(container, rewrite), env, root / "pod.log", cwd=root)
         return Pod(pod_name, namespace, dict(template["metadata"].get("labels") or {}), root, process,
-                   ports, port_names, container.get("readinessProbe"))
+                   ports, port_names, container.get("readinessProbe"), secrets=secrets)
+
+    def _refresh_secrets(self, pod: Pod) -> None:
+        """A changed Secret reaches its mounted volume (one atomic `..data` swap), as the kubelet's sync does."""
+        for index, (volume, source, held) in enumerate(pod.secrets):
+            data = self._volume_data(pod.namespace, source)
+            if data is not None and data != held:
+                volume.update(data)
+                pod.secrets[index] = (volume, source, data)
 
     def _worker_config(self, text: bytes, root: Path, port_names: dict[str, int]) -> tuple[bytes, dict[int, int]]:
         """The worker's config with its pod paths under the pod's root and its own port."""
