@@ -22,6 +22,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import re
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,14 @@ WORKER_CONFIG_KEY = "config.yaml"
 
 def _decode(secret: dict[str, Any]) -> dict[str, bytes]:
     return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+
+def _with_ports(arg: str, ports: dict[int, int]) -> str:
+    """An argument naming a container port (`--metrics-port=8081`, `http://0.0.0.0:8080/healthz`)
+    with the port this pod listens on here instead."""
+    for port, here in ports.items():
+        arg = re.sub(rf"(=|:){port}(?=$|/)", rf"\g<1>{here}", arg)
+    return arg
 
 
 def template_hash(deployment: dict[str, Any]) -> str:
@@ -222,7 +231,11 @@ class Kubelet:
         if spec.get("automountServiceAccountToken", True) is not False:
             account = spec.get("serviceAccountName", "default")
             env["KUBECONFIG"] = str(self._kubeconfig(root, f"system:serviceaccount:{namespace}:{account}"))
-        process = Process(argv_of(container, rewrite), env, root / "pod.log", cwd=root)
+        argv = argv_of(container, rewrite)
+        if not ports:  # a container told its ports on its command line (the operator's flags)
+            ports = {int(p["containerPort"]): free_port() for p in container.get("ports") or []}
+            argv = [_with_ports(arg, ports) for arg in argv]
+        process = Process(argv, env, root / "pod.log", cwd=root)
         return Pod(pod_name, namespace, dict(template["metadata"].get("labels") or {}), root, process,
                    ports, port_names, container.get("readinessProbe"), secrets=secrets)
 
