@@ -86,3 +86,29 @@ def test_a_renamed_service_label_is_seen_as_a_worker_nobody_scrapes() -> None:
     workers = _monitors(MONITORING_ON)[WORKERS]
     assert not selects_service(workers, service)
     assert "does not match" in why_not_selected(workers, service)
+
+
+def test_selection_follows_the_prometheus_operators_rules() -> None:
+    """matchExpressions (In, NotIn, Exists, DoesNotExist) AND matchLabels; namespaceSelector absent
+    means the monitor's own namespace; an endpoint names a Service port by name."""
+    service = one(_worker_objects("cmdb-city1", RELEASE_NAMESPACE), "Service")
+    monitor: dict[str, Any] = {"metadata": {"name": "m", "namespace": RELEASE_NAMESPACE},
+                               "spec": {"endpoints": [{"port": "metrics"}], "selector": {}}}
+    assert selects_service(monitor, service)  # an empty selector selects every Service
+    expressions = [
+        ({"key": "app.kubernetes.io/component", "operator": "In", "values": ["metrics"]}, True),
+        ({"key": "app.kubernetes.io/component", "operator": "NotIn", "values": ["metrics"]}, False),
+        ({"key": "app.kubernetes.io/instance", "operator": "Exists"}, True),
+        ({"key": "app.kubernetes.io/instance", "operator": "DoesNotExist"}, False),
+    ]
+    for expression, expected in expressions:
+        monitor["spec"]["selector"] = {"matchLabels": {"app.kubernetes.io/name": "stream-replicator"},
+                                       "matchExpressions": [expression]}
+        assert selects_service(monitor, service) is expected, expression
+    monitor["spec"]["selector"] = {"matchLabels": {"app.kubernetes.io/name": "stream-replicator"}}
+    monitor["metadata"]["namespace"] = "elsewhere"
+    assert not selects_service(monitor, service)
+    monitor["spec"]["namespaceSelector"] = {"any": True}
+    assert selects_service(monitor, service)
+    monitor["spec"]["endpoints"] = [{"port": "http"}]
+    assert selections([monitor], [service]) == []

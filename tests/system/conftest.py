@@ -15,5 +15,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "tests/system/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.system)
+            # A whole install, operator, pods and Prometheus on two shared cores: minutes, not seconds.
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(600))
             if not ENABLED:
                 item.add_marker(skip)
