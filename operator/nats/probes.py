@@ -15,6 +15,7 @@ from nats.js.errors import NotFoundError
 from replication_operator.model.spec import ReplicationSpec
 from replication_operator.nats.connection import Auth, NatsStatusError, connect, describe
 
+from replicator.copier.loss import LOSS_NOTE, Note
 from replicator.transport.errors import NATS_ERRORS
 
 SUMMARY_KEY = "summary"
@@ -29,7 +30,8 @@ def _timestamp(value: dt.datetime | None) -> str | None:
 
 
 def consumer_fields(info: js_api.ConsumerInfo) -> dict[str, Any]:
-    """`lag` (messages not yet delivered) and `lastActive` (last ack, else last delivery)."""
+    """`lag` (messages not yet delivered), `lastActive` (last ack, else last delivery) and
+    `sourceLoss` (what the workers noted as lost at the source, `copier/loss.py`)."""
     fields: dict[str, Any] = {"lag": int(info.num_pending or 0)}
     last = None
     if info.ack_floor and info.ack_floor.last_active:
@@ -39,6 +41,10 @@ def consumer_fields(info: js_api.ConsumerInfo) -> dict[str, Any]:
     stamp = _timestamp(last)
     if stamp:
         fields["lastActive"] = stamp
+    loss = Note.parse((info.config.metadata or {}).get(LOSS_NOTE)) if info.config else None
+    if loss is not None:
+        fields["sourceLoss"] = {"lost": loss.lost, "byReason": loss.by, "first": loss.first, "last": loss.last,
+                                "at": loss.at}
     return fields
 
 

@@ -42,7 +42,7 @@ async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, 
         max_ack_pending=max_in_flight * 2,
         filter_subject=ep.profile.settings.topic,
         max_waiting=512,
-        metadata={WRITE_NOTE: write_path} if write_path else None,
+        metadata={**({WRITE_NOTE: write_path} if write_path else {}), **ep.notes} or None,
         **position,  # type: ignore[arg-type]
     )
     for _ in range(FRESH_ATTEMPTS):

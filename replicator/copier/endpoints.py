@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
@@ -60,6 +60,15 @@ def verdict_for(ep: Endpoints) -> Verdict:
     return verdict
 
 
+class GapPublisher(Protocol):
+    """The advisor as a copy loop's `gap` advisories use it (`loss.py`): its replicator name, and
+    its publish (the advisory subject, retries)."""
+
+    replicator: str
+
+    async def publish(self, advisory: dict[str, Any]) -> bool: ...
+
+
 CLAIM_AHEAD = 512  # deliveries whose sampling claims start while the copy loop waits for one (KV state)
 
 
@@ -90,6 +99,9 @@ class Endpoints:
     limiter: Decider | None = None
     api_prefix: str = "$JS.API"
     ready: Callable[[bool], None] = lambda _ready: None
+    advisor: GapPublisher | None = None  # publishes `gap` advisories (`loss.py`), when they are on
+    # Metadata the loop's durable carries whenever it is (re)created (`durable.place`): the loss so far.
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def source_js(self) -> JetStreamContext:
