@@ -17,6 +17,7 @@ from nats.js.client import JetStreamContext
 from replicator.config.model import Profile
 from replicator.copier.provenance import stream_identity
 from replicator.observe.metrics import WorkerMetrics
+from replicator.sampling.clock import StreamClock
 from replicator.sampling.limiter import Pending, copy_everything
 from replicator.transport.streams import stream_created
 from replicator.transport.wire import ACK_TIMESTAMP, RawMsg
@@ -100,6 +101,7 @@ class Endpoints:
     api_prefix: str = "$JS.API"
     ready: Callable[[bool], None] = lambda _ready: None
     advisor: GapPublisher | None = None  # publishes `gap` advisories (`loss.py`), when they are on
+    clock: StreamClock | None = None  # told the time of the messages handled (`sampling/clock.py`)
     # Metadata the loop's durable carries whenever it is (re)created (`durable.place`): the loss so far.
     notes: dict[str, str] = field(default_factory=dict)
 

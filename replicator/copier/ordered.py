@@ -263,6 +263,8 @@ class OrderedCopier:
         for first, last, before_ns, after_ns in run.gaps:
             self.losses.lost(first, last, before_ns, after_ns)
         self.last_ts, self.known = run.last_ts, self.known or bool(run.last_ts)
+        if self.ep.clock is not None and run.last_ts:
+            self.ep.clock.observe_ns(int(run.last_ts))
         if run.lag is not None:
             self.last_cseq, self.lag = run.last_cseq, run.lag
         if run.seq:
@@ -301,6 +303,8 @@ class OrderedCopier:
         if self.account and self.known and seq > floor + 1:
             self.losses.lost(floor + 1, seq - 1, int(self.last_ts or "0"), int(tokens[ACK_TIMESTAMP]))
         self.last_ts, self.known = tokens[ACK_TIMESTAMP], True
+        if self.ep.clock is not None:
+            self.ep.clock.observe_ns(int(self.last_ts))
         self.lag = tokens[ACK_PENDING]
         return self._decided(msg, tokens, seq, self.verdict(msg, tokens, seq))
 

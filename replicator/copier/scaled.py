@@ -309,15 +309,17 @@ class ScaledWorker:
         self.last_cseq = cseq
         seq = int(tokens[ACK_STREAM_SEQ])
         self.lag, self.last_seq = tokens[ACK_PENDING], seq
+        ts = int(tokens[ACK_TIMESTAMP])
         if self.group.loss is not None:
-            self.group.loss.saw(cseq, seq, int(tokens[ACK_DELIVERED]), int(tokens[ACK_TIMESTAMP]))
+            self.group.loss.saw(cseq, seq, int(tokens[ACK_DELIVERED]), ts)
+        if ep.clock is not None:
+            ep.clock.observe_ns(ts)
         copy = self.verdict(msg, tokens, seq)
         if isinstance(copy, Pending):
             copy = await settle(ep, copy, behind)
         if not copy:
             await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return
-        ts = int(tokens[ACK_TIMESTAMP])
         built = self.transform.build(msg, seq, ts)
         out.append((built.subject, built.block(), built.payload))
         items.append(InFlight(msg, time.monotonic(), int(tokens[ACK_DELIVERED]), seq, ts, built.subject))

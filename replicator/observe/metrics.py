@@ -44,6 +44,7 @@ COUNTERS = {
     "advisories_timeout": "Advisories sent: sender not seen for the advisory age",
     "advisories_recover": "Advisories sent: sender seen again after a timeout",
     "advisories_expire": "Advisories sent: sender not seen for the topic's age, forgotten",
+    "advisories_blind_spot": "Advisories sent: a span in which the replicator was not watching (down or far behind)",
     "advisories_gap": "Advisories sent: a range the source stream discarded before it was copied",
     "advisories_errors": "Advisories that could not be published after all retries",
 }
@@ -175,6 +176,7 @@ class WorkerMetrics:
         self.advisories = {e: c[f"advisories_{e}"] for e in ("new", "timeout", "recover", "expire")}
         self.advisories_errors = c["advisories_errors"]
         self.advisories_gap = c["advisories_gap"]
+        self.advisories_blind_spot = c["advisories_blind_spot"]
         self.current_sequence = g["current_sequence"]
         self.lag_msgs = g["lag_msgs"]
         self.limiter_seen = g["limiter_memory_seen"]
