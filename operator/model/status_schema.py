@@ -42,6 +42,8 @@ class Fleet(Model):
     healthy: int | None = field("Nodes whose last advisory was `new` or `recover`.", None, format="int64")
     timeout: int | None = field("Nodes whose last advisory was `timeout` (gone quiet).", None, format="int64")
     expired: int | None = field("Nodes whose last advisory was `expire` (retired).", None, format="int64")
+    unknown: int | None = field("Nodes whose timeout was judged inside a blind spot of their replicator (not "
+                                "watching): neither healthy nor timed out.", None, format="int64")
     availability: float | None = field("healthy / (healthy + timeout); absent when no node reports.", None)
     last_run: str | None = field("When the fleet-health job last ran.", None, format="date-time")
 

@@ -60,7 +60,7 @@ class FleetSummary:
 
 def _counts(row: Mapping[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for key in ("nodes", "healthy", "timeout", "expired"):
+    for key in ("nodes", "healthy", "timeout", "expired", "unknown"):
         if isinstance(row.get(key), int | float) and not isinstance(row.get(key), bool):
             found[key] = int(row[key])
     if isinstance(row.get("availability"), int | float) and not isinstance(row.get("availability"), bool):

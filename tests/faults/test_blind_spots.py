@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,3 +90,17 @@ async def test_an_outage_with_a_backlog_gives_no_false_timeouts_and_one_blind_sp
     # limit stops it: skips are acknowledged with the copy ahead of them) to when it caught up.
     assert cut - 1 <= spot["from"] < restored <= spot["until"], (spot, cut, restored)
     assert spot["until"] - spot["from"] > ADVISORY_AGE
+
+
+@pytest.mark.timeout(600)
+async def test_a_replicator_outage_with_a_backlog_bounded_version_of_the_bench(tmp_path: Path) -> None:
+    """`bench/blind_spots.py` at a tenth of a tenth: the replicator itself down while 2,000 senders
+    publish a backlog of 20,000 messages; 50 of them never speak again. Its state in a file, so the
+    restarted replicator knows every sender."""
+    from bench.blind_spots import scenario
+
+    r = await scenario(tmp_path, messages=20_000, senders=2_000, silent=50, advisory_age=3.0)
+    assert r["false_timeouts"] == 0, r
+    assert r["caught"] == 50, r
+    assert r["blind_spots"] >= 1, r
+    assert (r["unknown"], r["fleet_timeout"]) == (50, 0), r
