@@ -20,18 +20,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nats
+import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
+from nats.js.errors import NotFoundError
 
-from bench.common import replicator_process, table
+from bench.common import command_process, table
 from replicator.demo.local_nats import LocalNatsServer
+
+
+@contextlib.contextmanager
+def replicator(work: Path, topic: dict[str, Any]) -> Iterator[Any]:
+    """The real `stream-replicator`, its sender state in a file under `work` (saved at its clean stop)."""
+    config = work / "sr.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(work / "state"), "topics": {"bench": topic}}))
+    with command_process(["--config", str(config), "--topic", "bench"]) as proc:
+        yield proc
 
 
 async def publish(nc: nats.NATS, senders: range, rounds: int, skip: int = 0) -> None:
@@ -47,6 +60,14 @@ async def publish(nc: nats.NATS, senders: range, rounds: int, skip: int = 0) -> 
                 await asyncio.gather(*futures)
                 futures.clear()
     await asyncio.gather(*futures)
+
+
+async def keep_alive(nc: nats.NATS, senders: int, silent: int, period: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        began = time.monotonic()
+        await publish(nc, range(senders), 1, skip=silent)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, period - (time.monotonic() - began)))
 
 
 async def advisories(nc: nats.NATS) -> list[dict[str, Any]]:
@@ -90,15 +111,14 @@ async def scenario(work: Path, messages: int, senders: int, silent: int, advisor
         await src.jetstream().add_stream(StreamConfig(name="FLEET", subjects=["fleet.>"]))
         await dst.jetstream().add_stream(StreamConfig(name="FLEET", subjects=["fleet.>"], allow_batched=True))
         await dst.jetstream().add_stream(StreamConfig(name="ADV", subjects=["adv.>"]))
-        state = {"state_dir": str(work / "state")}
-        with replicator_process(work, "live", {**config, **state}):
+        with replicator(work, config) as proc:
             await publish(src, range(senders), 1)
 
             async def announced() -> bool:
                 return (await dst.jetstream().stream_info("ADV")).state.messages >= senders
 
             if not await wait_for(announced, 600):
-                raise RuntimeError("the live phase's new advisories did not all arrive")
+                raise RuntimeError(f"the live phase's new advisories did not all arrive (exit {proc.poll()})")
         # The outage: the fleet goes on (but the silent ones), nobody watches.
         rounds = max(1, -(-messages // (senders - silent)))
         began = time.time()
@@ -109,20 +129,32 @@ async def scenario(work: Path, messages: int, senders: int, silent: int, advisor
             await asyncio.sleep(advisory_age - span)
             await publish(src, range(senders), 1, skip=silent)
             backlog += senders - silent
+        # The fleet stays alive after the outage (but the silent ones): each active sender speaks
+        # every third of the advisory age, so only the silent ones are truly silent.
+        alive = asyncio.Event()
+        keepalive = asyncio.create_task(keep_alive(src, senders, silent, advisory_age / 3, alive))
         restarted = time.monotonic()
-        with replicator_process(work, "after", {**config, **state}):
-            async def caught_up() -> bool:
-                return await pending(src) == 0
+        try:
+            with replicator(work, config):
+                async def blind_spot_published() -> bool:
+                    try:
+                        await dst.jetstream().get_last_msg("ADV", "adv.blind_spot")
+                        return True
+                    except NotFoundError:
+                        return False
 
-            if not await wait_for(caught_up, 1200, 0.5):
-                raise RuntimeError("the backlog was not read")
-            read_s = time.monotonic() - restarted
-            await asyncio.sleep(advisory_age + 5)  # the last timeouts and the blind spot advisory
-            found = await advisories(dst)
+                if not await wait_for(blind_spot_published, 1800, 0.5):
+                    raise RuntimeError("the backlog was not read (no blind spot advisory)")
+                read_s = time.monotonic() - restarted
+                await asyncio.sleep(advisory_age + 5)  # timeouts owed now would have been published
+                found = await advisories(dst)
+        finally:
+            alive.set()
+            await keepalive
         timeouts = {a["value"] for a in found if a.get("event") == "timeout"}
         silent_keys = {f"n{i}" for i in range(silent)}
         spots = [a for a in found if a.get("event") == "blind_spot"]
-        fleet = fleet_health(target.url, work / "fleet")
+        fleet = await asyncio.to_thread(fleet_health, target.url, work / "fleet")
         return {"backlog": backlog, "senders": senders, "silent": silent, "advisory_age": advisory_age,
                 "read_s": read_s, "false_timeouts": len(timeouts - silent_keys),
                 "caught": len(timeouts & silent_keys), "blind_spots": len(spots),
@@ -143,7 +175,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--senders", type=int, default=100_000)
     parser.add_argument("--silent", type=int, default=1000)
-    parser.add_argument("--advisory-age", type=float, default=10.0)
+    parser.add_argument("--advisory-age", type=float, default=30.0)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         r = asyncio.run(scenario(Path(tmp), args.messages, args.senders, args.silent, args.advisory_age))
