@@ -6,7 +6,8 @@ import importlib
 import sys
 
 BENCHES = ("bench.dataplane", "bench.latency", "bench.memory", "bench.sampling", "bench.cold_start",
-           "bench.limiter_memory", "bench.fleet_health", "bench.operator_reconcile", "bench.native_engine")
+           "bench.limiter_memory", "bench.fleet_health", "bench.operator_reconcile", "bench.native_engine",
+           "bench.blind_spots")
 
 
 def main() -> int:

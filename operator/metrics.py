@@ -22,7 +22,7 @@ from replication_operator.engine.choice import NATIVE
 from replicator.observe.metrics import PREFIX
 
 LABELS = ("namespace", "streamreplication")
-STATES = ("healthy", "timeout", "expired")
+STATES = ("healthy", "timeout", "expired", "unknown")
 # name -> (help, labels after namespace and streamreplication)
 GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "resource_replicas_desired": ("Worker pods a StreamReplication asks for (spec.replicas); 1 on the native "
@@ -35,7 +35,7 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
                                                 "creation until the first run, unix seconds", ()),
     "fleet_health_interval_seconds": ("Longest gap between two scheduled fleet-health runs "
                                       "(spec.fleetHealth.schedule), seconds", ()),
-    "fleet_health_nodes": ("Nodes in the last fleet-health summary by state (healthy, timeout, expired); "
+    "fleet_health_nodes": ("Nodes in the last fleet-health summary by state (healthy, timeout, expired, unknown); "
                            "their sum is status.fleet.nodes", ("state",)),
     "fleet_health_availability_ratio": ("healthy / (healthy + timeout) in the last fleet-health summary "
                                         "(status.fleet.availability); absent when no node reports", ()),

@@ -50,8 +50,19 @@ class Fleet(Model):
     healthy: int | None = field("Nodes whose last advisory was `new` or `recover`.", None, format="int64")
     timeout: int | None = field("Nodes whose last advisory was `timeout` (gone quiet).", None, format="int64")
     expired: int | None = field("Nodes whose last advisory was `expire` (retired).", None, format="int64")
+    unknown: int | None = field("Nodes whose timeout was judged inside a blind spot of their replicator (not "
+                                "watching): neither healthy nor timed out.", None, format="int64")
     availability: float | None = field("healthy / (healthy + timeout); absent when no node reports.", None)
     last_run: str | None = field("When the fleet-health job last ran.", None, format="date-time")
+
+
+class SourceLoss(Model):
+    lost: int | None = field("Source messages removed from the source stream before they were copied, in all.", None,
+                             format="int64")
+    by_reason: dict[str, int] | None = field("The same, by reason: limits, purge, delete.", None)
+    first: int | None = field("First source sequence of the latest range lost.", None, format="int64")
+    last: int | None = field("Last source sequence of the latest range lost.", None, format="int64")
+    at: str | None = field("When the latest range was found.", None, format="date-time")
 
 
 class StreamReplicationStatus(Model):
@@ -82,3 +93,6 @@ class StreamReplicationStatus(Model):
         "starts after it.", None, format="int64")
     native: NativeEntry | None = field("The native engine's source entry, as the operator wrote it.", None)
     fleet: Fleet | None = field("Fleet totals from the fleet-health job's summary.", None)
+    source_loss: SourceLoss | None = field(
+        "What the source stream removed before the replicator copied it (its limits, a purge, a delete), as the "
+        "workers noted it on their durable consumer; absent while nothing was lost.", None)

@@ -16,6 +16,7 @@ from replication_operator.model.spec import ReplicationSpec
 from replication_operator.nats.connection import Auth, NatsStatusError, connect, describe
 
 from replicator.copier.loops import loop_notes
+from replicator.copier.loss import LOSS_NOTE, Note
 from replicator.transport.errors import NATS_ERRORS
 
 SUMMARY_KEY = "summary"
@@ -33,8 +34,9 @@ LOOPS = "copyLoop"  # not a status field: the reconciler turns it into the CopyL
 
 
 def consumer_fields(info: js_api.ConsumerInfo) -> dict[str, Any]:
-    """`lag` (messages not yet delivered) and `lastActive` (last ack, else last delivery); `LOOPS`:
-    what the workers noted about copy loops ("" for nothing)."""
+    """`lag` (messages not yet delivered), `lastActive` (last ack, else last delivery), `sourceLoss`
+    (what the workers noted as lost at the source, `copier/loss.py`); `LOOPS`: what the workers noted
+    about copy loops ("" for nothing)."""
     fields: dict[str, Any] = {"lag": int(info.num_pending or 0), LOOPS: loop_notes(info.config.metadata or {})}
     last = None
     if info.ack_floor and info.ack_floor.last_active:
@@ -44,6 +46,10 @@ def consumer_fields(info: js_api.ConsumerInfo) -> dict[str, Any]:
     stamp = _timestamp(last)
     if stamp:
         fields["lastActive"] = stamp
+    loss = Note.parse((info.config.metadata or {}).get(LOSS_NOTE)) if info.config else None
+    if loss is not None:
+        fields["sourceLoss"] = {"lost": loss.lost, "byReason": loss.by, "first": loss.first, "last": loss.last,
+                                "at": loss.at}
     return fields
 
 
@@ -59,7 +65,7 @@ class FleetSummary:
 
 def _counts(row: Mapping[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for key in ("nodes", "healthy", "timeout", "expired"):
+    for key in ("nodes", "healthy", "timeout", "expired", "unknown"):
         if isinstance(row.get(key), int | float) and not isinstance(row.get(key), bool):
             found[key] = int(row[key])
     if isinstance(row.get("availability"), int | float) and not isinstance(row.get("availability"), bool):

@@ -12,6 +12,7 @@ from replicator.config.files import load_config
 from replicator.config.model import Config, Profile
 from replicator.copier.durable import OWNER_NOTE, WRITE_NOTE
 from replicator.copier.loops import loop_notes
+from replicator.copier.loss import LOSS_NOTE, Note
 from replicator.copier.poison import stuck_notes
 from replicator.transport.connections import connect_once, material_for
 from replicator.transport.streams import find_source_stream
@@ -28,6 +29,7 @@ class ReportRow:
     write: str = "-"  # how the worker writes to the target: batch or message (noted by the worker)
     loops: str = ""  # copies that would loop: skipped (active-active) or refused, noted by the workers
     error: str = ""
+    loss: Note | None = None  # what the source discarded before it was copied, as the worker noted it
     certificate: tuple[float, str] | None = None  # the first certificate to expire: (notAfter, "side role")
     source_url: str = ""
     replicator_durables: tuple[str, ...] = ()  # every durable on the source stream a replicator created
@@ -69,6 +71,7 @@ async def report_row(profile: Profile, timeout: float = 5.0) -> ReportRow:
         metadata = info.config.metadata or {}
         row.write = metadata.get(WRITE_NOTE, "-")
         row.loops = loop_notes(metadata)
+        row.loss = Note.parse(metadata.get(LOSS_NOTE))
         stuck = stuck_notes(metadata)
         if stuck:  # noted by the workers themselves: an error they cannot classify keeps failing
             row.error = f"stuck: {stuck}"
@@ -107,11 +110,11 @@ def _expiry(certificate: tuple[float, str] | None, now: dt.datetime) -> str:
 def format_report(rows: list[ReportRow], now: dt.datetime | None = None) -> str:
     now = now or dt.datetime.now(dt.UTC)
     header = ("Topic", "Source Stream", "Target Stream", "Consumer", "Lag", "Last Active", "Writes", "Loops",
-              "Cert Expiry", "Error")
+              "Source Loss", "Cert Expiry", "Error")
     body = [
         (r.topic, r.source_stream, r.target_stream, r.consumer, "-" if r.lag is None else f"{r.lag:,}",
-         _ago(r.last_active, now) if r.error == "" else "-", r.write, r.loops or "-", _expiry(r.certificate, now),
-         r.error)
+         _ago(r.last_active, now) if r.error == "" else "-", r.write, r.loops or "-",
+         r.loss.summary() if r.loss else "-", _expiry(r.certificate, now), r.error)
         for r in rows
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]

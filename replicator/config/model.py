@@ -80,6 +80,8 @@ class AdvisoryConfig(Strict):
     age: Duration | None = None
     format: Literal["v1", "v2"] = "v1"
     reliable: bool | None = None
+    # `gap` advisories: ranges the source stream discarded before they were copied (`copier/loss.py`).
+    gaps: bool = True
 
     @field_validator("target")
     @classmethod

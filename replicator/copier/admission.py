@@ -43,6 +43,11 @@ class Run:
         self.tokens: list[str] = []
         self.head_seq = 0
         self.verdict: bool | Pending = True
+        # Jumps in stream sequence (`account`): (first, last) missing, and the timestamps (ns) of the
+        # deliveries either side (0: the one before is not in this run). The copier decides
+        # what they mean (`loss.py`).
+        self.gaps: list[tuple[int, int, int, int]] = []
+        self.last_ts = ""  # timestamp token of the last delivery taken (the one before the run if none)
 
     @property
     def taken(self) -> int:
@@ -62,7 +67,8 @@ _PROVENANCE: Final = b"\r\nStream-Replicator-Source:"  # a copy's header line (`
 
 
 def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTransform, last_cseq: int,
-             floor: int, most: int, room: int, plain: bool = False) -> Run:
+             floor: int, most: int, room: int, plain: bool = False, account: bool = False, known: bool = True,
+             prev_ts: str = "") -> Run:
     """Admit deliveries off the front of `buffer` (at most `most`, and at most `room` copies)
     while each one is the next of the consumer (`last_cseq` + 1) and newer than `floor` (the
     highest stream sequence the copier holds): skips are noted, copies built into entries. A
@@ -70,7 +76,11 @@ def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTr
     once `room` copies are taken (its verdict is not asked: a sampling decision counts the sender
     as copied). One whose verdict is `Pending` is taken and handed back as `head`. `plain`: the
     verdict copies every delivery without a provenance header, and is asked only about copies (the
-    loop guard)."""
+    loop guard). With `account`
+    (the consumer sees the whole stream), a delivery more than one past the floor is noted in
+    `gaps`: the stream no longer held those. Not `known`: the floor is no delivered sequence yet
+    (a first start), so the first delivery only sets it. `prev_ts`: the timestamp token of the
+    delivery before the run, for the first gap's time."""
     run = Run()
     entries = run.entries
     skipped = skipped_bytes = copied_bytes = 0
@@ -78,6 +88,8 @@ def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTr
     last: Entry | None = None
     received = time.monotonic()
     everything = verdict is copy_everything or plain
+    gaps = run.gaps
+    watch = account and known
     while buffer and skipped + len(entries) < most and len(entries) < room:
         msg = buffer[0]
         cseq, seq, tokens = _sequences(msg.reply)
@@ -85,6 +97,10 @@ def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTr
             break
         buffer.popleft()
         last_cseq = cseq
+        if watch and seq != floor + 1:
+            gaps.append((floor + 1, seq - 1, int(prev_ts or "0"), int(tokens[ACK_TIMESTAMP])))
+        prev_ts = tokens[ACK_TIMESTAMP]
+        watch = account
         lag = tokens[ACK_PENDING]
         hdr = msg.hdr
         copy = True if everything and (hdr is None or _PROVENANCE not in hdr) else verdict(msg, tokens, seq)
@@ -106,7 +122,7 @@ def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTr
         run.head, run.tokens, run.head_seq, run.verdict = msg, tokens, seq, copy
         break
     run.skipped, run.skipped_bytes, run.copied_bytes = skipped, skipped_bytes, copied_bytes
-    run.last_cseq, run.lag = last_cseq, lag
+    run.last_cseq, run.lag, run.last_ts = last_cseq, lag, prev_ts
     return run
 
 

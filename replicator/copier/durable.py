@@ -43,7 +43,7 @@ async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, 
         max_ack_pending=max_in_flight * 2,
         filter_subject=ep.profile.settings.topic,
         max_waiting=512,
-        metadata={OWNER_NOTE: ep.profile.base_name, **({WRITE_NOTE: write_path} if write_path else {})},
+        metadata={OWNER_NOTE: ep.profile.base_name, **({WRITE_NOTE: write_path} if write_path else {}), **ep.notes},
         **position,  # type: ignore[arg-type]
     )
     for _ in range(FRESH_ATTEMPTS):

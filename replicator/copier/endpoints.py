@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from nats.aio.client import Client
 from nats.js.api import DeliverPolicy
@@ -17,6 +17,7 @@ from nats.js.client import JetStreamContext
 from replicator.config.model import Profile
 from replicator.copier.provenance import stream_identity
 from replicator.observe.metrics import WorkerMetrics
+from replicator.sampling.clock import StreamClock
 from replicator.sampling.limiter import Pending, copy_everything
 from replicator.transport.streams import stream_created
 from replicator.transport.wire import ACK_TIMESTAMP, RawMsg
@@ -80,6 +81,15 @@ def _verdict_for(ep: Endpoints) -> Verdict:
     return verdict
 
 
+class GapPublisher(Protocol):
+    """The advisor as a copy loop's `gap` advisories use it (`loss.py`): its replicator name, and
+    its publish (the advisory subject, retries)."""
+
+    replicator: str
+
+    async def publish(self, advisory: dict[str, Any]) -> bool: ...
+
+
 CLAIM_AHEAD = 512  # deliveries whose sampling claims start while the copy loop waits for one (KV state)
 
 
@@ -110,6 +120,10 @@ class Endpoints:
     limiter: Decider | None = None
     api_prefix: str = "$JS.API"
     ready: Callable[[bool], None] = lambda _ready: None
+    advisor: GapPublisher | None = None  # publishes `gap` advisories (`loss.py`), when they are on
+    clock: StreamClock | None = None  # told the time of the messages handled (`sampling/clock.py`)
+    # Metadata the loop's durable carries whenever it is (re)created (`durable.place`): the loss so far.
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def source_js(self) -> JetStreamContext:

@@ -27,6 +27,7 @@ from typing import Any
 from replicator.copier import durable
 from replicator.copier.admission import Run, copy_entry, take_run
 from replicator.copier.batching import BATCH_WINDOW, BatchWriter, State, state
+from replicator.copier.consumer_status import consumer_trouble
 from replicator.copier.control import Backoff, Stopper, then, wait_wake
 from replicator.copier.endpoints import (
     POISON_ATTEMPTS,
@@ -42,6 +43,7 @@ from replicator.copier.endpoints import (
 from replicator.copier.failure_log import FailureLog
 from replicator.copier.failures import Failure, classify
 from replicator.copier.loops import LoopGuard
+from replicator.copier.loss import LossLedger
 from replicator.copier.poison import StuckWatch, give_up
 from replicator.copier.position import MAX_CLOCK_SKEW_NS, Resume, TargetPosition, ack_seq, resume_point
 from replicator.copier.shutdown import finish
@@ -50,7 +52,15 @@ from replicator.copier.window import Entry, any_unsure, batch_failure, landed, r
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import Publisher, PublishError, Puller, ack
-from replicator.transport.wire import ACK_CONSUMER_SEQ, ACK_DELIVERED, ACK_PENDING, ACK_STREAM_SEQ, RawMsg, ack_tokens
+from replicator.transport.wire import (
+    ACK_CONSUMER_SEQ,
+    ACK_DELIVERED,
+    ACK_PENDING,
+    ACK_STREAM_SEQ,
+    ACK_TIMESTAMP,
+    RawMsg,
+    ack_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +108,11 @@ class OrderedCopier:
         # a jump means messages were lost in transit (a cut link) and must be fetched again.
         self.last_cseq = 0
         self.gap: tuple[int, int] | None = None
+        # Source-side loss (`loss.py`): counted when the consumer sees the whole stream (`account`)
+        # from a delivered or resumed-after sequence (`known`); `last_ts`: the last delivery's time.
+        self.losses = LossLedger(self.ep, consumer=self.ep.profile.durable_name)
+        self.account = self.known = False
+        self.last_ts = ""
 
     # ---- setup ----
     async def _read_features(self) -> None:
@@ -122,8 +137,10 @@ class OrderedCopier:
             if handed_over >= where.next_seq:  # copied by another engine: its copies carry no provenance
                 where = Resume(handed_over + 1, True, where.target_seq)
         position = durable.at(where.next_seq) if where.resuming else start_position(ep.profile)
+        self.account, self.committed = await self.losses.bind(where.next_seq if where.resuming else 0,
+                                                              self.transform.writer.identity)
         await durable.place(ep, position, self.max_in_flight, write_path=self.writer.path)
-        self.committed = where.next_seq - 1 if where.resuming else 0
+        self.known = where.resuming
         self.confirmed_target = where.target_seq
         self.bound_at_ns = time.time_ns()
         self.chain_open = False
@@ -138,6 +155,7 @@ class OrderedCopier:
         ep = self.ep
         await self.publisher.start()
         await self.writer.start()
+        await self.losses.start()
         try:
             while not self.stopper.stopping:
                 try:
@@ -161,6 +179,7 @@ class OrderedCopier:
                 await self.puller.stop()
             await self.writer.stop()
             await self.publisher.stop()
+            await self.losses.stop()
 
     async def _loop(self) -> None:
         assert self.puller is not None
@@ -180,7 +199,7 @@ class OrderedCopier:
             if puller.last_status is not None:
                 status, text = puller.last_status
                 puller.last_status = None
-                if await self._consumer_trouble(status, text):
+                if await consumer_trouble(self, status, text):
                     continue  # rebound: what was buffered is gone
             admitted = received_bytes = 0
             limit = self._capacity()  # by bytes too: copies wait in the window while the target is slow
@@ -238,7 +257,13 @@ class OrderedCopier:
         window = self.window
         floor = max(self.committed, window[-1].last_seq) if window else self.committed
         room = 1 if not window and not self.chain_open else limit - len(window)
-        run = take_run(buffer, self.verdict, self.transform, self.last_cseq, floor, most, room, self.plain)
+        run = take_run(buffer, self.verdict, self.transform, self.last_cseq, floor, most, room, self.plain,
+                       self.account, self.known, self.last_ts)
+        for first, last, before_ns, after_ns in run.gaps:
+            self.losses.lost(first, last, before_ns, after_ns)
+        self.last_ts, self.known = run.last_ts, self.known or bool(run.last_ts)
+        if self.ep.clock is not None and run.last_ts:
+            self.ep.clock.observe_ns(int(run.last_ts))
         if run.lag is not None:
             self.last_cseq, self.lag = run.last_cseq, run.lag
         if run.seq:
@@ -273,6 +298,12 @@ class OrderedCopier:
             if seq <= self.committed and tokens[ACK_DELIVERED] != "1":
                 return then(ack(self.ep.source_nc, reply, self.ep.metrics.acks_failed.inc), False)
             return False  # a redelivery of something done or already in the window
+        floor = max(self.committed, window[-1].last_seq) if window else self.committed
+        if self.account and self.known and seq > floor + 1:
+            self.losses.lost(floor + 1, seq - 1, int(self.last_ts or "0"), int(tokens[ACK_TIMESTAMP]))
+        self.last_ts, self.known = tokens[ACK_TIMESTAMP], True
+        if self.ep.clock is not None:
+            self.ep.clock.observe_ns(int(self.last_ts))
         self.lag = tokens[ACK_PENDING]
         return self._decided(msg, tokens, seq, self.verdict(msg, tokens, seq))
 
@@ -530,42 +561,6 @@ class OrderedCopier:
         if landed.target_seq:
             self.confirmed_target = landed.target_seq
         return landed.source_seq
-
-    async def _consumer_trouble(self, status: int, text: str) -> bool:
-        """409s: the consumer was deleted or lost leadership; 503: it is gone. Rebind where we are,
-        or from the start position when the source stream was deleted and created again. False
-        for any other status (the copy goes on: a `continue` per status could starve it)."""
-        ep = self.ep
-        gone = status == 503 or "deleted" in text.lower()
-        if not gone and not (status == 409 and "leadership" in text.lower()):
-            log.warning("%s consumer status %d %s", ep.worker, status, text)
-            return False
-        try:
-            identity = await source_identity(self.ep)
-        except Exception as err:
-            log.warning("%s source stream %s unavailable (%s): retrying", ep.worker, ep.source_stream, err)
-            await self.stopper.sleep(self.backoff.next())
-            return True
-        if identity == self.transform.writer.identity:
-            log.warning("%s consumer status %d %s", ep.worker, status, text)
-            await self._rebind(delete=False)
-            return True
-        log.warning("%s source stream %s was deleted and created again: copying the new stream from its "
-                    "start position", ep.worker, ep.source_stream)
-        self.publisher.forget_all()
-        self.writer.abandon()
-        self._reset_window()
-        self.window.clear()
-        self.unsent.clear()
-        self.ack_due = None
-        try:
-            await self.bind()
-            assert self.puller is not None
-            await self.puller.restart()
-        except Exception as err:
-            log.warning("%s cannot bind consumer: %s", ep.worker, err)
-            await self.stopper.sleep(self.backoff.next())
-        return True
 
     async def _rebind(self, *, delete: bool) -> None:
         """Point the durable right after what we hold (window or committed) and pull afresh.

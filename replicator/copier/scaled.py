@@ -33,7 +33,9 @@ from replicator.copier.endpoints import (
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
 from replicator.copier.loops import LoopGuard
+from replicator.copier.loss import LossLedger
 from replicator.copier.poison import StuckWatch, describe, give_up
+from replicator.copier.scaled_loss import GroupLoss
 from replicator.copier.transform import MessageTransform
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
@@ -84,6 +86,7 @@ class GroupState:
         self.floor = 0
         self.floor_of: str | None = None
         self.read_at = 0.0
+        self.loss: GroupLoss | None = None  # source-side loss, seen by all of the process's workers
 
     def note(self, info: ConsumerInfo, identity: str) -> int:
         """Keep the durable's ack floor, and return it."""
@@ -155,6 +158,14 @@ class ScaledWorker:
         self.transform.set_writer(identity)
         await self.guard.bind()
         group.note(durable, identity)
+        if group.loss is None:
+            group.loss = GroupLoss(LossLedger(ep, consumer=ep.profile.group_name))
+            try:
+                await group.loss.start()
+            except BaseException:  # not started: the next bind starts it again; the error is the bind's
+                group.loss = None
+                raise
+        group.loss.bound(durable, identity)
         await self._read_features()
 
     async def _floor_to_resume(self) -> int:
@@ -250,6 +261,8 @@ class ScaledWorker:
                 if now - last_check > 1.0:
                     last_check = now
                     await self._expire(now)
+                    if self.group.loss is not None and now - self.group.loss.checked >= 1.0:
+                        await self.group.loss.check()
                     if self.bound and (self.stuck.since or now - self.group.read_at > GROUP_READ_EVERY):
                         self.group.read_at = now  # the process's other workers need not read it too
                         await self._read_group()
@@ -300,13 +313,17 @@ class ScaledWorker:
         self.last_cseq = cseq
         seq = int(tokens[ACK_STREAM_SEQ])
         self.lag, self.last_seq = tokens[ACK_PENDING], seq
+        ts = int(tokens[ACK_TIMESTAMP])
+        if self.group.loss is not None:
+            self.group.loss.saw(cseq, seq, int(tokens[ACK_DELIVERED]), ts)
+        if ep.clock is not None:
+            ep.clock.observe_ns(ts)
         copy = self.verdict(msg, tokens, seq)
         if isinstance(copy, Pending):
             copy = await settle(ep, copy, behind)
         if not copy:
             await ack(ep.source_nc, msg.reply, ep.metrics.acks_failed.inc)
             return
-        ts = int(tokens[ACK_TIMESTAMP])
         built = self.transform.build(msg, seq, ts)
         out.append((built.subject, built.block(), built.payload))
         items.append(InFlight(msg, time.monotonic(), int(tokens[ACK_DELIVERED]), seq, ts, built.subject))
@@ -330,10 +347,13 @@ class ScaledWorker:
         copied_bytes = 0
         started: list[float] = []
         acks: list[str] = []
+        loss = self.group.loss
         while self.finished:
             item = self.finished.popleft()
             self.in_flight -= 1
             perr = item.error
+            if loss is not None:  # a failed one is nak'ed below, or given up (then not lost: counted as poison)
+                loss.nakd(item.seq, item.ts) if perr is not None else loss.copied(item.seq)
             if perr is None:
                 copied_bytes += len(item.msg.data)
                 started.append(item.started)
@@ -347,6 +367,8 @@ class ScaledWorker:
                 await give_up(ep, self.publisher, self.transform.writer, item.msg, item.seq, item.ts, item.subject,
                               perr, item.delivered)
                 await term(ep.source_nc, item.msg.reply, m.acks_failed.inc)
+                if loss is not None:
+                    loss.copied(item.seq)
                 await self.stuck.done(item.seq)
                 continue
             delay = min(0.25 * 2 ** min(item.delivered, 5), 10.0)

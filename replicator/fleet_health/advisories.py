@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
 ADVISORY_SCHEMA_ID = "https://choria.io/schemas/sr/v1/age_advisory.json"
 # Also valid: what the previous release wrote, still in advisory streams after an upgrade.
 ADVISORY_SCHEMA_IDS = (ADVISORY_SCHEMA_ID, "stream-replicator/v1/age_advisory")
 EVENTS = ("new", "timeout", "recover", "expire")
+# The replicator's other advisories on the same subject: not a node's, so not folded, yet not malformed.
+# A blind spot (the replicator was not watching from `from` to `until`) makes the silences inside it unknown.
+OTHER_SCHEMA_IDS = {
+    "gap": "https://stream-replicator.io/schemas/sr/v1/gap_advisory.json",
+    "blind_spot": "https://stream-replicator.io/schemas/sr/v1/blind_spot_advisory.json",
+}
+OTHER_FIELDS = StructType([StructField("$schema", StringType()), StructField("event", StringType()),
+                           StructField("replicator", StringType()), StructField("topic", StringType()),
+                           StructField("from", DoubleType()), StructField("until", DoubleType())])
 
 ADVISORY_FIELDS = StructType(
     [
@@ -57,16 +66,36 @@ def _is_valid(a: Column) -> Column:
 
 def parse_advisories(raw: DataFrame) -> DataFrame:
     """`sequence`, `data` (JSON bytes) -> `sequence`, `valid` and the advisory fields (null if unparsable)."""
+    """`sequence`, `data` (JSON bytes) -> `sequence`, `valid` and the advisory fields (null if
+    unparsable), `other` (a `gap` or `blind_spot` advisory) and a blind spot's `spot_from`, `spot_until`."""
+    text = F.col("data").cast("string")
     parsed = raw.select(
         F.col("sequence"),
-        F.from_json(F.col("data").cast("string"), ADVISORY_FIELDS).alias("a"),
+        F.from_json(text, ADVISORY_FIELDS).alias("a"),
+        F.from_json(text, OTHER_FIELDS).alias("o"),
     )
+    o = F.col("o")
+    other = F.lit(False)
+    for event, schema_id in OTHER_SCHEMA_IDS.items():
+        other = other | ((o["$schema"] == schema_id) & (o["event"] == event))
+    spot = F.coalesce(other & (o["event"] == "blind_spot") & o["from"].isNotNull() & o["until"].isNotNull()
+                      & o["replicator"].isNotNull(), F.lit(False))
     return parsed.select(
         "sequence",
         _is_valid(F.col("a")).alias("valid"),
         *[F.col("a")[name].alias(name) for name in EVENT_COLUMNS[1:]],
+        F.coalesce(other, F.lit(False)).alias("other"),
+        F.when(spot, o["from"]).alias("spot_from"),
+        F.when(spot, o["until"]).alias("spot_until"),
     )
 
 
 def valid_events(parsed: DataFrame) -> DataFrame:
     return parsed.where(F.col("valid")).select(*EVENT_COLUMNS)
+
+
+def blind_spots(parsed: DataFrame) -> DataFrame:
+    """`replicator`, `from`, `until` (unix s) of the blind spot advisories in `parsed`."""
+    return parsed.where(F.col("spot_from").isNotNull()).select(
+        F.coalesce(F.col("replicator"), F.lit("")).alias("replicator"),
+        F.col("spot_from").alias("from"), F.col("spot_until").alias("until"))

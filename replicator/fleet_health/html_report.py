@@ -20,7 +20,7 @@ from replicator.fleet_health.history import Counts, History, read_history
 
 EVENT_COLOURS = {"new": "#4c78a8", "recover": "#54a24b", "timeout": "#f58518", "expire": "#9d755d",
                  "duplicate": "#bab0ac", "malformed": "#e45756"}
-STATE_ORDER = {"timeout": 0, "expired": 1, "healthy": 2}
+STATE_ORDER = {"timeout": 0, "unknown": 1, "expired": 2, "healthy": 3}
 NODE_COLUMNS = ("replicator", "value", "state", "last_event", "last_event_time", "timeouts", "recoveries",
                 "expiries", "downtime_seconds")
 NODE_HEADERS = ("site", "node", "state", "last advisory", "at (UTC)", "timeouts", "recoveries", "expiries",
@@ -36,7 +36,8 @@ h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-to
 table { border-collapse: collapse; font-size: 0.85em; } th, td { padding: 3px 8px; text-align: right; }
 th { background: #f3f3f3; position: sticky; top: 0; } td.text, th.text { text-align: left; }
 tr:nth-child(even) td { background: #fafafa; } .timeout { color: #c55a00; font-weight: 600; }
-.expired { color: #777; } .healthy { color: #2e7d32; } .note { color: #555; font-size: 0.85em; }
+.expired { color: #777; } .unknown { color: #6a51a3; font-style: italic; }
+.healthy { color: #2e7d32; } .note { color: #555; font-size: 0.85em; }
 """
 
 
@@ -105,8 +106,9 @@ def advisories_figure(history: History) -> Any:
 
 
 def _node_rows(nodes: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    """Least healthy first: timed out (longest downtime first), expired, then healthy."""
-    ordered = sorted(nodes, key=lambda n: (STATE_ORDER.get(str(n["state"]), 3), -int(n["downtime_seconds"] or 0),
+    """Least healthy first: timed out (longest downtime first), unknown (a timeout inside a blind
+    spot), expired, then healthy."""
+    ordered = sorted(nodes, key=lambda n: (STATE_ORDER.get(str(n["state"]), 4), -int(n["downtime_seconds"] or 0),
                                            str(n["replicator"]), str(n["value"])))
     return ordered[:limit]
 
@@ -134,8 +136,11 @@ def node_table(history: History, limit: int) -> str:
 
 def _tiles(history: History) -> str:
     fleet = history.fleet()
+    # The runs' counts are rebuilt from the advisories; the job's node table knows the blind spots.
+    unknown = sum(1 for n in history.nodes if n.get("state") == "unknown")
     tiles = [("availability", _percent(fleet.availability)), ("nodes", str(fleet.nodes)),
-             ("healthy", str(fleet.healthy)), ("timeout", str(fleet.timeout)), ("expired", str(fleet.expired)),
+             ("healthy", str(fleet.healthy)), ("timeout", str(fleet.timeout - unknown)), ("unknown", str(unknown)),
+             ("expired", str(fleet.expired)),
              ("sites", str(sum(1 for c in history.sites.values() if c[-1].nodes))), ("runs", str(len(history.runs)))]
     return '<div class="tiles">' + "".join(f"<div class=\"tile\"><b>{v}</b><span>{k}</span></div>"
                                            for k, v in tiles) + "</div>"

@@ -11,7 +11,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from replicator.fleet_health.advisories import parse_advisories, valid_events
+from replicator.fleet_health.advisories import blind_spots, parse_advisories, valid_events
 from replicator.fleet_health.connection import NatsConnection, as_connection, connect
 from replicator.fleet_health.jetstream import StreamBounds, stream_bounds
 from replicator.fleet_health.session import spark_session
@@ -130,10 +130,14 @@ def run_fleet_health(
         counts = parsed.agg(
             F.count(F.lit(1)).alias("read"),
             F.coalesce(F.sum(F.col("valid").cast("long")), F.lit(0)).alias("valid"),
+            F.coalesce(F.sum(F.col("other").cast("long")), F.lit(0)).alias("other"),
+            F.count(F.col("spot_from")).alias("spots"),
             F.min("sequence").alias("first"),
         ).first()
         assert counts is not None
-        read, valid = int(counts["read"]), int(counts["valid"])
+        read, valid, other = int(counts["read"]), int(counts["valid"]), int(counts["other"])
+        if int(counts["spots"]):
+            store.write_blind_spots(run, blind_spots(parsed))
 
         history = store.history(previous.run) if previous else None
         events = new_events(valid_events(parsed), history).persist()
@@ -142,7 +146,7 @@ def run_fleet_health(
         store.write_events(run, events)
 
         state = advance_nodes(store.state(previous.run) if previous else None, events, history)
-        nodes = store.write_nodes(run, node_table(state, run_time))
+        nodes = store.write_nodes(run, node_table(state, run_time, store.blind_spots(run)))
         site_df, fleet_df = site_table(nodes), fleet_table(nodes)
         site_rows, fleet_rows = site_df.collect(), fleet_df.collect()
         sites = [row.asDict() for row in site_rows]
@@ -157,7 +161,7 @@ def run_fleet_health(
             read=read,
             events=new,
             duplicates=valid - new,
-            malformed=read - valid,
+            malformed=read - valid - other,
         )
         snapshot = Snapshot(run=run, runs=(*(previous.runs if previous else ()), record))
         store.commit(snapshot)

@@ -8,7 +8,7 @@ from typing import Any
 
 from replicator.fleet_health.job import FleetHealthResult
 
-_COUNTS = ("nodes", "healthy", "timeout", "expired")
+_COUNTS = ("nodes", "healthy", "timeout", "expired", "unknown")
 
 
 def _percent(value: float | None) -> str:
@@ -16,7 +16,7 @@ def _percent(value: float | None) -> str:
 
 
 def _row(label: str, counts: Mapping[str, Any]) -> list[str]:
-    return [label, *(str(counts[c]) for c in _COUNTS), _percent(counts["availability"])]
+    return [label, *(str(counts.get(c, 0)) for c in _COUNTS), _percent(counts["availability"])]
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -131,6 +131,16 @@ class OutputStore:
     def write_events(self, run: int, events: DataFrame) -> None:
         events.write.mode("overwrite").parquet(self.path("events", f"run={run}"))
 
+    def write_blind_spots(self, run: int, spots: DataFrame) -> None:
+        spots.coalesce(1).write.mode("overwrite").parquet(self.path("blind_spots", f"run={run}"))
+
+    def blind_spots(self, upto_run: int) -> DataFrame | None:
+        """Every blind spot advised up to `upto_run` (this run's included): `replicator`, `from`, `until`."""
+        runs = [n for n in self._runs_under(self.path("blind_spots")) if n <= upto_run]
+        if not runs:
+            return None
+        return self.spark.read.parquet(*(self.path("blind_spots", f"run={n}") for n in runs))
+
     def write_nodes(self, run: int, nodes: DataFrame) -> DataFrame:
         target = self.path("state", f"run={run}", "nodes")
         nodes.write.mode("overwrite").parquet(target)
@@ -156,6 +166,7 @@ class OutputStore:
         for n in self._runs_under(self.path("state")):
             if n > run or n <= run - KEEP_SNAPSHOTS:
                 self.delete(self.path("state", f"run={n}"))
-        for n in self._runs_under(self.path("events")):
-            if n > run:
-                self.delete(self.path("events", f"run={n}"))
+        for folder in ("events", "blind_spots"):
+            for n in self._runs_under(self.path(folder)):
+                if n > run:
+                    self.delete(self.path(folder, f"run={n}"))

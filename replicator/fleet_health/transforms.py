@@ -14,6 +14,9 @@ from pyspark.sql import functions as F
 
 KEYS = ("replicator", "value")
 HEALTHY, TIMEOUT, EXPIRED = "healthy", "timeout", "expired"
+# A timeout judged while its replicator was not watching (inside one of its blind spots): the node may
+# be down, or its messages merely unread or lost; the centre cannot tell, and says so.
+UNKNOWN = "unknown"
 
 # Per-node state carried between runs (the `nodes` table minus `downtime_seconds`, which needs a clock).
 STATE_COLUMNS = (
@@ -45,7 +48,7 @@ NODE_COLUMNS = (
     "closed_downtime_seconds",
     "last_sequence",
 )
-COUNT_COLUMNS = ("nodes", "healthy", "timeout", "expired")
+COUNT_COLUMNS = ("nodes", "healthy", "timeout", "expired", "unknown")
 
 
 def new_events(events: DataFrame, seen_ids: DataFrame | None = None) -> DataFrame:
@@ -179,11 +182,24 @@ def advance_nodes(previous: DataFrame | None, events: DataFrame, history: DataFr
     return _fold(steps)
 
 
-def node_table(state: DataFrame, now: int) -> DataFrame:
-    """The `nodes` table as of `now` (unix s): an open timeout counts as downtime up to `now`."""
+def node_table(state: DataFrame, now: int, spots: DataFrame | None = None) -> DataFrame:
+    """The `nodes` table as of `now` (unix s): an open timeout counts as downtime up to `now`. A
+    timeout judged inside one of its replicator's blind spots (`spots`: `replicator`, `from`,
+    `until`) is `unknown`: its time lies between `from` and `until`."""
     still_open = F.greatest(F.lit(0).cast("long"), F.lit(now).cast("long") - F.col("timeout_since"))
     downtime = F.col("closed_downtime_seconds") + F.when(F.col("state") == TIMEOUT, still_open).otherwise(F.lit(0))
-    return state.withColumn("downtime_seconds", downtime.cast("long")).select(*NODE_COLUMNS)
+    table = state.withColumn("downtime_seconds", downtime.cast("long"))
+    if spots is not None:
+        s = F.broadcast(spots.select(F.col("replicator").alias("_r"), F.col("from").alias("_f"),
+                                     F.col("until").alias("_u")))
+        t = table.alias("t")
+        inside = (F.col("t.replicator") == F.col("_r")) & (F.col("t.timeout_since") >= F.col("_f")) & (
+            F.col("t.timeout_since") <= F.col("_u"))
+        blind = (t.where(F.col("t.state") == TIMEOUT).join(s, inside, "left_semi")
+                 .select(*KEYS).withColumn("_blind", F.lit(True)))
+        table = table.join(blind, list(KEYS), "left").withColumn(
+            "state", F.when(F.col("_blind"), F.lit(UNKNOWN)).otherwise(F.col("state")))
+    return table.select(*NODE_COLUMNS)
 
 
 def _counts() -> list[Column]:
@@ -193,11 +209,13 @@ def _counts() -> list[Column]:
         F.coalesce(F.sum((state == HEALTHY).cast("long")), F.lit(0)).alias("healthy"),
         F.coalesce(F.sum((state == TIMEOUT).cast("long")), F.lit(0)).alias("timeout"),
         F.coalesce(F.sum((state == EXPIRED).cast("long")), F.lit(0)).alias("expired"),
+        F.coalesce(F.sum((state == UNKNOWN).cast("long")), F.lit(0)).alias("unknown"),
     ]
 
 
 def _availability() -> Column:
-    """Healthy share of the nodes that are expected to report (expired ones are gone); null if none."""
+    """Healthy share of the nodes that are expected to report (expired ones are gone, unknown ones
+    cannot be judged); null if none."""
     reporting = F.col("healthy") + F.col("timeout")
     return F.when(reporting > 0, F.col("healthy") / reporting).alias("availability")
 

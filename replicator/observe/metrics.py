@@ -45,6 +45,8 @@ COUNTERS = {
     "advisories_timeout": "Advisories sent: sender not seen for the advisory age",
     "advisories_recover": "Advisories sent: sender seen again after a timeout",
     "advisories_expire": "Advisories sent: sender not seen for the topic's age, forgotten",
+    "advisories_blind_spot": "Advisories sent: a span in which the replicator was not watching (down or far behind)",
+    "advisories_gap": "Advisories sent: a range the source stream discarded before it was copied",
     "advisories_errors": "Advisories that could not be published after all retries",
 }
 
@@ -76,7 +78,13 @@ STATES = {
                    "How this worker writes to the target: path=batch (fast-ingest batches) or path=message (1 = now)"),
 }
 
-METRIC_NAMES = sorted(PREFIX + n for n in (*COUNTERS, *GAUGES, *CERTIFICATE_GAUGES, *HISTOGRAMS, *STATES))
+# Source messages the source stream no longer held when the copy reached them, never copied: one
+# more label `reason` (`copier/loss.py`): limits (max_msgs, max_bytes, max_age, per-subject limits),
+# purge and delete (the server's API audit advisory named them).
+LOSS_REASONS = ("limits", "purge", "delete")
+LOSS = ("source_lost_msgs", "Source messages removed from the source stream before they were copied, by reason")
+
+METRIC_NAMES = sorted(PREFIX + n for n in (*COUNTERS, *GAUGES, *CERTIFICATE_GAUGES, *HISTOGRAMS, *STATES, LOSS[0]))
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -97,6 +105,7 @@ class Metrics:
         }
         self.states = {n: Gauge(PREFIX + n, h, (*LABELS, label), registry=self.registry)
                        for n, (label, _values, h) in STATES.items()}
+        self.source_lost = Counter(PREFIX + LOSS[0], LOSS[1], (*LABELS, "reason"), registry=self.registry)
         # A reloading process's own families, registered at its first reload.
         self.reloads: Counter | None = None
         self.last_reload_ok: Gauge | None = None
@@ -126,6 +135,7 @@ class Metrics:
                      for side in ("source", "target") for role in ("client", "ca")]
         removals += [(self.states[n], (name, worker, value)) for n, (_label, values, _h) in STATES.items()
                      for value in values]
+        removals += [(self.source_lost, (name, worker, reason)) for reason in LOSS_REASONS]
         for family, labels in removals:
             with contextlib.suppress(KeyError):
                 family.remove(*labels)
@@ -167,6 +177,8 @@ class WorkerMetrics:
         self.limiter_state_errors = c["limiter_state_errors"]
         self.advisories = {e: c[f"advisories_{e}"] for e in ("new", "timeout", "recover", "expire")}
         self.advisories_errors = c["advisories_errors"]
+        self.advisories_gap = c["advisories_gap"]
+        self.advisories_blind_spot = c["advisories_blind_spot"]
         self.current_sequence = g["current_sequence"]
         self.lag_msgs = g["lag_msgs"]
         self.limiter_seen = g["limiter_memory_seen"]
@@ -175,6 +187,7 @@ class WorkerMetrics:
         self.stuck = g["stuck"]
         self.ready = g["ready"]
         self.processing_time = m.histograms["processing_time"].labels(**labels)
+        self.source_lost = {r: m.source_lost.labels(reason=r, **labels) for r in LOSS_REASONS}
 
     def certificate(self, side: str, role: str, not_after: Callable[[], float]) -> None:
         """Export a certificate's expiry, read from `not_after` at every scrape (it follows reloads)."""

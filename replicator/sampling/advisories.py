@@ -142,6 +142,7 @@ class Advisor:
         retries: int = RETRIES,
         retry_delay: Callable[[int], float] = default_retry_delay,
         concurrency: int = CONCURRENCY,
+        judging: Callable[[], bool] | None = None,
     ) -> None:
         settings = profile.settings
         if settings.advisory is None or not settings.age:
@@ -151,6 +152,9 @@ class Advisor:
         self.js = publish_nc.jetstream()
         self.metrics = metrics
         self.clock = clock
+        # The stream clock's word on whether silence can be judged now (`clock.py`): not while a
+        # backlog that no message of has been read yet stands between the replicator and the present.
+        self.judging = judging
         self.subject = settings.advisory.target
         self.format = settings.advisory.format
         self.reliable = settings.advisory.reliable
@@ -233,7 +237,7 @@ class Advisor:
         if sender is None:
             return None
         silent = now - sender.seen
-        settled = now >= self._timeouts_from
+        settled = now >= self._timeouts_from and (self.judging is None or self.judging())
         if silent >= self.age:
             return "expire" if settled else None
         if not sender.announced:

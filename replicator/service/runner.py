@@ -144,6 +144,7 @@ class Replicator:
         try:
             self.sampling = await SamplingPlane.create(self.profile, first.source, first.target, worker_metrics,
                                                        self.stopper)
+            await self.sampling.watch(source_stream)
         except ConnectError:
             if self.stopper.stopping:
                 return
@@ -207,8 +208,11 @@ class Replicator:
             w.bound = flag
 
         limiter = self.sampling.limiter_for(m) if self.sampling else None
+        advisory = self.profile.settings.advisory
+        advisor = self.sampling.advisor if self.sampling and advisory and advisory.gaps else None
+        clock = self.sampling.clock if self.sampling else None
         return Endpoints(self.profile, w.source, w.target, source_stream, target_stream, w.name, m,
-                         limiter=limiter, ready=ready)
+                         limiter=limiter, ready=ready, advisor=advisor, clock=clock)
 
     async def _run_ordered(self, w: WorkerState, m: WorkerMetrics, source_stream: str, target_stream: str) -> None:
         """Copy while leader (always, without election); a standby waits and takes over.
@@ -264,3 +268,5 @@ class Replicator:
             for w, m in zip(self.workers, metrics, strict=True)
         ]
         await asyncio.gather(*(loop.run() for loop in self.loops))
+        if group.loss is not None:
+            await group.loss.ledger.stop()

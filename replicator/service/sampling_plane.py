@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from replicator.transport.connections import connect
 
 if TYPE_CHECKING:  # the sampling plane's parts are imported by the profiles that use them
     from replicator.sampling.advisories import Advisor
+    from replicator.sampling.clock import StreamClock
     from replicator.sampling.election import LeaderElection
     from replicator.sampling.state.protocol import StateStore
 
@@ -37,6 +39,7 @@ class SamplingPlane:
     store: StateStore | None = None
     election: LeaderElection | None = None
     advisor: Advisor | None = None
+    clock: StreamClock | None = None  # silence judged on the stream's time (`sampling/clock.py`)
 
     @property
     def copy_election(self) -> LeaderElection | None:
@@ -62,11 +65,19 @@ class SamplingPlane:
             plane.store = await open_store(profile, js, metrics[0])
         if settings.advisory:
             from replicator.sampling.advisories import Advisor
+            from replicator.sampling.blind import BlindSpots
+            from replicator.sampling.clock import StreamClock
+
+            assert plane.store is not None
+            # A restart resumes a blind spot from the newest sender the store remembers (file, KV).
+            since = max((s.seen for k in plane.store.keys() if (s := plane.store.get(k)) is not None), default=0.0)
+            plane.clock = StreamClock(max(2.0, plane.store.resolution), since=since)
 
             publish_nc = plane.control if settings.advisory.cluster == "source" else target
             replicator = profile.replicator if settings.advisory.format == "v2" else profile.metrics_name
-            plane.advisor = Advisor(profile, plane.store, publish_nc, metrics[0],  # type: ignore[arg-type]
-                                    replicator_name=replicator)
+            plane.advisor = Advisor(profile, plane.store, publish_nc, metrics[0],
+                                    replicator_name=replicator, clock=plane.clock.now, judging=plane.clock.judging)
+            plane.clock.on_blind_spot = BlindSpots(plane.advisor)
             await plane.advisor.start()
         if elect:
             from replicator.sampling.election import LeaderElection, election_bucket, election_key
@@ -89,13 +100,20 @@ class SamplingPlane:
             return None
         from replicator.sampling.limiter import Limiter
 
-        return Limiter(self.profile.settings, self.store, metrics)
+        return Limiter(self.profile.settings, self.store, metrics, clock=self.clock.now if self.clock else time.time)
+
+    async def watch(self, source_stream: str) -> None:
+        """Start the stream clock's reads of the copy's consumer (its pending counts)."""
+        if self.clock is not None and self.control is not None:
+            await self.clock.start(self.control, source_stream, self.profile.consumer_name)
 
     async def close(self) -> None:
         """After the copiers stopped: release leadership, stop advising, save state, disconnect."""
         if self.election is not None:
             with contextlib.suppress(Exception):
                 await self.election.stop()
+        if self.clock is not None:
+            await self.clock.stop()
         if self.advisor is not None:
             with contextlib.suppress(Exception):
                 await self.advisor.stop()

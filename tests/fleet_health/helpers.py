@@ -178,7 +178,8 @@ EXPECTED_SITES = [
     ("dc2", 2, 1, 1, 0, 0.5),
     ("edge/west 1", 3, 3, 0, 0, 1.0),
 ]
-EXPECTED_FLEET = {"sites": 3, "nodes": 8, "healthy": 5, "timeout": 2, "expired": 1, "availability": 5 / 7}
+EXPECTED_FLEET = {"sites": 3, "nodes": 8, "healthy": 5, "timeout": 2, "expired": 1, "unknown": 0,
+                  "availability": 5 / 7}
 
 
 def node_tuples(rows: Sequence[object]) -> list[tuple[object, ...]]:

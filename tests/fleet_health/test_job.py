@@ -201,10 +201,10 @@ def test_format_tables(runs: Runs) -> None:
     text = format_tables(runs.full)
     lines = text.splitlines()
     assert lines[0].startswith("Fleet health run 1 at 2023-11-15 01:00:00Z: stream FULL up to sequence 31")
-    assert lines[2].split() == ["site", "nodes", "healthy", "timeout", "expired", "availability"]
-    assert lines[4].split() == ["dc1", "3", "1", "1", "1", "50.00%"]
-    assert lines[6].split() == ["edge/west", "1", "3", "3", "0", "0", "100.00%"]
-    assert lines[-1].split() == ["fleet", "(3", "sites)", "8", "5", "2", "1", "71.43%"]
+    assert lines[2].split() == ["site", "nodes", "healthy", "timeout", "expired", "unknown", "availability"]
+    assert lines[4].split() == ["dc1", "3", "1", "1", "1", "0", "50.00%"]
+    assert lines[6].split() == ["edge/west", "1", "3", "3", "0", "0", "0", "100.00%"]
+    assert lines[-1].split() == ["fleet", "(3", "sites)", "8", "5", "2", "1", "0", "71.43%"]
     assert runs.cli_stdout.splitlines()[-1].split() == lines[-1].split()
 
 

@@ -69,7 +69,7 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
         for check in case["alert_rule_test"]:
             (fires if check["exp_alerts"] else silent).add(check["alertname"])
     alerts = {r["alert"] for r in rules()}
-    assert len(alerts) == 9
+    assert len(alerts) == 10
     assert fires == alerts and silent == alerts
 
 

@@ -16,7 +16,9 @@ from replication_operator.nats import connection, probes
 from replication_operator.nats.connection import Auth, NatsStatusError
 from replication_operator.reconcile.reconciler import Reconciler
 
+from replicator.copier.loss import LOSS_NOTE, Note
 from replicator.demo.local_nats import LocalNatsServer
+from replicator.transport.streams import set_consumer_note
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.support import certs, nats_jwt
@@ -189,6 +191,11 @@ async def test_operator_reports_lag_and_fleet_in_status(
     # One more message: the next tick sees it.
     await source_nc.jetstream().publish("acme.cmdb.late", b"{}")
     await wait_for(lambda: status().get("lag") == 7, within=5)
+    # A worker noted a loss at the source on its durable (`copier/loss.py`): the status shows it.
+    note = Note(3299, {"limits": 3299}, 1702, 5000, "limits", "2026-11-28T22:40:01Z")
+    await set_consumer_note(source_nc.jetstream(), "CMDB", "replication_cmdb-city1", LOSS_NOTE, note.text())
+    await wait_for(lambda: status().get("sourceLoss") == {"lost": 3299, "byReason": {"limits": 3299}, "first": 1702,
+                                                          "last": 5000, "at": "2026-11-28T22:40:01Z"}, within=5)
 
 
 async def test_credentials_come_from_the_secret(tmp_path: Path) -> None:
