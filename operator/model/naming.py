@@ -28,6 +28,14 @@ APP_NAME = "stream-replicator"
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 ANNOTATION_LEADER_ELECTION = f"{GROUP}/leader-election"
 KOPF_PREFIX = GROUP
+# Set to "true", reconciliation stops (nothing changed or deleted) until it is removed. Outside
+# KOPF_PREFIX: kopf leaves its own prefix's annotations out of the diff, so no update would fire.
+PAUSED_ANNOTATION = f"control.{GROUP}/paused"
+
+
+def paused(body: Mapping[str, Any]) -> bool:
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(PAUSED_ANNOTATION, "")).strip().lower() == "true"
 FINALIZER = f"{GROUP}/kopf-finalizer"
 
 CONFIG_KEY = "config.yaml"
