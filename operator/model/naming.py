@@ -83,6 +83,10 @@ def pdb_name(name: str) -> str:
     return name
 
 
+def network_policy_name(name: str) -> str:
+    return f"{name}-workers"
+
+
 def service_monitor_name(name: str) -> str:
     return name
 
@@ -147,10 +151,11 @@ SECRET = Kind("", "v1", "Secret", "secrets")
 DEPLOYMENT = Kind("apps", "v1", "Deployment", "deployments")
 PDB = Kind("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SERVICE_MONITOR = Kind("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors")
+NETWORK_POLICY = Kind("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies")
 SCHEDULED_SPARK_APPLICATION = Kind(
     "sparkoperator.k8s.io", "v1beta2", "ScheduledSparkApplication", "scheduledsparkapplications"
 )
-CHILD_KINDS = (CONFIGMAP, SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR, SCHEDULED_SPARK_APPLICATION)
+CHILD_KINDS = (CONFIGMAP, SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR, SCHEDULED_SPARK_APPLICATION, NETWORK_POLICY)
 KINDS_BY_API = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, STREAM_REPLICATION)}
 
 
