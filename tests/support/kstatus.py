@@ -1,10 +1,12 @@
 """A faithful re-statement, in Python, of kstatus's rules for a custom resource: what Flux's
 health checks and `flux ... --wait` (and kpt, `kubectl` plugins on cli-utils) conclude from it.
 
-Restated from cli-utils `pkg/kstatus/status/generic.go` (`checkGenericProperties`, `checkGeneration`)
-as Flux uses it (fluxcd/cli-utils): a custom resource has no type-specific rules, so only these
-apply, in this order. The last rule (Ready) is the Flux fork's reading of the `Ready` condition. It
-is not kstatus itself: it tells what a kstatus reader concludes, so that a test can assert it.
+Restated from cli-utils `pkg/kstatus/status/generic.go` (`checkGenericProperties`, `checkGeneration`,
+read in its source): a custom resource has no type-specific rules, so only these apply, in this
+order. The last rule, the `Ready` condition (True: Current, else InProgress), is how Flux reads it
+(its documentation, and the behaviour issue 37 describes: `Ready=False` is "in progress"); the
+fluxcd/cli-utils source of that rule was not at hand to read line by line. It is not kstatus
+itself: it tells what a kstatus reader concludes, so that a test can assert it.
 """
 
 from __future__ import annotations
