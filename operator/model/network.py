@@ -14,6 +14,7 @@ class NetworkPolicySettings(Model):
     metrics_from: list[dict[str, Any]] = field(
         "Who may scrape the metrics port: core/v1 NetworkPolicyPeers (podSelector, namespaceSelector, "
         "ipBlock), passed unchanged. Empty: any pod.", default_factory=list,
-        items={"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+        items={"type": "object", "description": "A core/v1 NetworkPolicyPeer.",
+               "x-kubernetes-preserve-unknown-fields": True})
     dns_port: int = field("Port of the cluster DNS the pods resolve NATS host names with.", 53, minimum=1,
                           maximum=65535)
