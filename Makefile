@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv test demo bench lint clean image image-base image-test crd
+.PHONY: all venv test system-test demo bench lint clean image image-base image-test crd manifests
 
 all: test
 
@@ -25,6 +25,11 @@ TEST_WORKERS ?= 3
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+
+# The product installed from its chart and watched by a real Prometheus (tests/system/, docs/what-the-chart-watches.md):
+# the operator, its workers and Prometheus as processes, over the API emulator. `make test` skips them.
+system-test: $(STAMP)
+	STREAM_REPLICATOR_SYSTEM_TESTS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile tests/system
 
 demo: $(STAMP)
 	$(BIN)/stream-replicator demo
@@ -54,6 +59,11 @@ CRD_FILES := crds/streamreplications.streamreplicator.io.yaml helm/stream-replic
 
 crd: $(STAMP)
 	$(BIN)/python -m replication_operator.model.crd $(CRD_FILES)
+
+# Plain manifests for installing without Helm (docs/operator.md), rendered from the chart into deploy/;
+# tests/helm/test_manifests.py fails while they differ from what the chart renders.
+manifests: $(STAMP)
+	$(BIN)/python helm/generate_manifests.py deploy
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

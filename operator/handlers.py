@@ -14,17 +14,18 @@ from typing import Any
 
 import kopf
 from replication_operator.engine.target import NativeError
+from replication_operator.kube import APIError
 from replication_operator.model import naming
 from replication_operator.model.spec import SpecError
 from replication_operator.nats.connection import NatsStatusError
-from replication_operator.reconcile.reconciler import Reconciler
+from replication_operator.reconcile.reconciler import Reconciler, WorkersRunning
 
 from replicator.observe.monitor import MonitorServer
 
 RETRY_DELAY = 10.0
 # Deleting a native-engine resource removes its source entry; when NATS cannot be reached for this
 # long, the resource goes anyway (a Warning event says the entry is left behind).
-FINALIZE_RETRIES = 5
+FINALIZE_RETRIES = 30  # at FINALIZE_BACKOFF: worker pods get 90 s to stop before the durable is left
 FINALIZE_BACKOFF = 3.0
 
 Login = Callable[..., Any]  # kopf's login handler signature: returns a kopf.ConnectionInfo (or None)
@@ -119,15 +120,22 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
     @kopf.on.delete(*resource, id="remove-source-entry", registry=registry,
                     retries=FINALIZE_RETRIES, backoff=FINALIZE_BACKOFF)
     async def on_delete(body: kopf.Body, retry: int, **_: Any) -> None:
-        """Native engine: remove our source entry from the target stream (the stream stays)."""
+        """Native engine: remove our source entry from the target stream (the stream stays).
+        Replicator engine: stop the pods, then delete the durable consumer on the source."""
+        native = bool((body.get("status") or {}).get("native"))
         try:
             await reconciler.finalize(body)
         except SpecError:
             return
-        except (NativeError, NatsStatusError) as err:
-            if retry + 1 >= FINALIZE_RETRIES:
-                reconciler.events.post(body, "Warning", "SourceEntryLeft",
-                                       f"could not remove the source entry, left on the target stream: {err}")
+        except (NativeError, NatsStatusError, WorkersRunning, APIError) as err:
+            # A durable the operator never read (no status.lag) may never have existed: a source that
+            # cannot be reached does not hold the deletion up.
+            seen = native or "lag" in (body.get("status") or {}) or isinstance(err, WorkersRunning)
+            if retry + 1 >= FINALIZE_RETRIES or not seen:
+                reason, what = (("SourceEntryLeft", "the source entry, left on the target stream") if native else
+                                ("DurableLeft", "the durable consumer, left on the source (delete it with nats "
+                                 "consumer rm)"))
+                reconciler.events.post(body, "Warning", reason, f"could not remove {what}: {err}")
                 return
             raise kopf.TemporaryError(str(err), delay=FINALIZE_BACKOFF) from None
 

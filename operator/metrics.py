@@ -29,6 +29,8 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
                                   "engine", ()),
     "resource_replicas_ready": ("Worker pods of a StreamReplication that are ready (status.readyReplicas); on "
                                 "the native engine 1 while its Ready condition is True", ()),
+    "resource_copy_loop": ("1 while a worker of a StreamReplication refuses a copy loop (the CopyLoop "
+                           "condition is True), else 0", ()),
     "fleet_health_last_run_timestamp_seconds": ("Last fleet-health run (status.fleet.lastRun), or the resource's "
                                                 "creation until the first run, unix seconds", ()),
     "fleet_health_interval_seconds": ("Longest gap between two scheduled fleet-health runs "
@@ -142,6 +144,8 @@ class OperatorMetrics:
             ("resource_replicas_desired", ()): wanted,
             ("resource_replicas_ready", ()): ready,
         }
+        loops = [c for c in status.get("conditions") or [] if c.get("type") == "CopyLoop"]
+        values[("resource_copy_loop", ())] = 1.0 if any(c.get("status") == "True" for c in loops) else 0.0
         fleet = status.get("fleet") or {}
         last_run = _epoch(fleet.get("lastRun")) or _epoch(created)
         if fleet_interval is not None and last_run is not None:

@@ -89,8 +89,14 @@ def _topic(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]], resum
         "target_subject_prefix": spec.target.subject_prefix,
         "target_subject_remove": spec.target.subject_remove,
         "target_replicas": spec.target.replicas,
+        "target_max_msgs": spec.target.max_msgs,
+        "target_max_bytes": spec.target.max_bytes,
+        "target_max_age": spec.target.max_age,
+        "target_max_msgs_per_subject": spec.target.max_msgs_per_subject,
+        "target_discard": spec.target.discard,
         "max_age": spec.max_age,
         "dead_letter": spec.dead_letter,
+        "active_active": spec.active_active or None,
     }
     topic.update({k: v for k, v in optional.items() if v is not None})
     if spec.ordered:

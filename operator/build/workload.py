@@ -17,6 +17,10 @@ from replication_operator.model import naming
 from replication_operator.model.spec import ReplicationSpec, Side
 
 RUN_AS = 10001  # the image's `replicator` user and group (Dockerfile)
+# The `app.kubernetes.io/component` of the worker's metrics Service: what every ServiceMonitor selects
+# it by, the operator's own (`build_service_monitor`) and the chart's (`metrics.serviceMonitor.selector`
+# in helm/stream-replicator/values.yaml; tests/helm/test_monitoring_selection.py keeps them together).
+METRICS_COMPONENT = "metrics"
 DEFAULT_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
     "limits": {"memory": "512Mi"},
@@ -197,7 +201,7 @@ def build_service(spec: ReplicationSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(spec, naming.service_name(spec.resource_name), "metrics"),
+        "metadata": _meta(spec, naming.service_name(spec.resource_name), METRICS_COMPONENT),
         "spec": {
             "type": "ClusterIP",
             "publishNotReadyAddresses": True,
@@ -225,7 +229,7 @@ def build_pdb(spec: ReplicationSpec) -> dict[str, Any]:
 
 
 def build_service_monitor(spec: ReplicationSpec) -> dict[str, Any]:
-    meta = _meta(spec, naming.service_monitor_name(spec.resource_name), "metrics")
+    meta = _meta(spec, naming.service_monitor_name(spec.resource_name), METRICS_COMPONENT)
     monitor = spec.monitoring.service_monitor
     meta["labels"] = {**monitor.labels, **meta["labels"]}
     endpoint: dict[str, Any] = {"port": naming.METRICS_PORT_NAME, "path": "/metrics", "scheme": "http"}
@@ -236,7 +240,7 @@ def build_service_monitor(spec: ReplicationSpec) -> dict[str, Any]:
         "kind": "ServiceMonitor",
         "metadata": meta,
         "spec": {
-            "selector": {"matchLabels": naming.labels(spec.resource_name, "metrics")},
+            "selector": {"matchLabels": naming.labels(spec.resource_name, METRICS_COMPONENT)},
             "namespaceSelector": {"matchNames": [spec.namespace]},
             "endpoints": [endpoint],
         },

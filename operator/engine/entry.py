@@ -21,6 +21,7 @@ from typing import Any
 from replication_operator.model.spec import ReplicationSpec
 
 from replicator.config.durations import parse_duration
+from replicator.transport.streams import fan_in_limits
 from replicator.transport.subjects import rewrite_subject
 
 SOURCE_HEADER = "Nats-Stream-Source"  # set by the server on every sourced message
@@ -297,6 +298,16 @@ def source_info(stream_info: Mapping[str, Any], entry: Mapping[str, Any]) -> dic
 CLEARED = ("mirror", "sources", "subject_transform", "republish", "placement")
 
 
+def native_limits(source_config: Mapping[str, Any], spec: ReplicationSpec) -> dict[str, Any]:
+    """The fan-in-safe limits of `transport/streams.py` in the server's JSON (max_age in nanoseconds)."""
+    t = spec.target
+    wanted = {"max_msgs": t.max_msgs, "max_bytes": t.max_bytes, "max_msgs_per_subject": t.max_msgs_per_subject,
+              "max_age": int(parse_duration(t.max_age) * 1e9) if t.max_age is not None else None,
+              "discard": t.discard}
+    limits, _left = fan_in_limits(source_config, wanted)
+    return limits
+
+
 def target_config(source_config: Mapping[str, Any], spec: ReplicationSpec, name: str,
                   entry: Mapping[str, Any], source_stream: str) -> dict[str, Any]:
     """The replicator's `target_create` rules: the source's config with subjects rewritten and
@@ -314,6 +325,7 @@ def target_config(source_config: Mapping[str, Any], spec: ReplicationSpec, name:
     )
     if spec.target.replicas:
         config["num_replicas"] = spec.target.replicas
+    config.update(native_limits(source_config, spec))
     metadata = {k: v for k, v in (source_config.get("metadata") or {}).items() if not str(k).startswith("_nats")}
     if metadata:
         config["metadata"] = metadata

@@ -172,6 +172,19 @@ class Target(Endpoint):
         "Replicas of a target stream the replicator creates (default: the source stream's; one on a target "
         "server that is not clustered). An existing stream is never changed.", None, minimum=1, maximum=5)
 
+    max_msgs: int | None = field(
+        "Message limit of a target stream the replicator creates (default none: a source's limits were sized for one "
+        "source, and a target is often shared by many). An existing stream is never changed.", None, minimum=1)
+    max_bytes: int | None = field("Byte limit of a target stream the replicator creates (default none).", None,
+                                  minimum=1)
+    max_age: str | None = duration_field("Age limit of a target stream the replicator creates (default the "
+                                         "source's max_age; `0s`: none).")
+    max_msgs_per_subject: int | None = field(
+        "Per-subject message limit of a target stream the replicator creates (default none).", None, minimum=1)
+    discard: Literal["old", "new"] | None = field(
+        "What a target stream the replicator creates does at a limit: `old` (default) drops its oldest, `new` "
+        "refuses copies (they wait on the source).", None)
+
     @field_validator("replicas", mode="before")
     @classmethod
     def _stream_replicas(cls, value: Any) -> Any:
@@ -324,6 +337,9 @@ class StreamReplicationSpec(Model):
     dead_letter: str | None = field(
         "Subject on the target cluster for poison messages (refused 5 times); a stream must capture it. Without "
         "it they are skipped. Counted and logged either way.", None, maxLength=255, pattern=LITERAL_SUBJECT)
+    active_active: bool | None = field(
+        "Two sites replicate into each other on purpose: a delivered copy that would loop (this replicator's own, "
+        "or one from the target stream) is skipped and counted instead of stopping the worker. Default false.", None)
     sampling: Sampling | None = field("Forward each sender at most once per `age`; exactly one sampling key.", None)
     advisory: Advisory | None = field("Publish new/timeout/recover/expire advisories about senders.", None)
     heartbeats: Heartbeats | None = field(

@@ -371,3 +371,23 @@ def condition(status: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any] 
         if cond.get("type") == kind:
             return dict(cond)
     return None
+
+
+COPY_LOOP = "CopyLoop"  # only once a worker noted a loop on its consumer (replicator/copier/loops.py)
+LOOP_REFUSED = "LoopRefused"  # True: a worker refused to copy a copy back (exit status 2, restarting)
+LOOPS_SKIPPED = "LoopsSkipped"  # False: active-active, copies that would loop are skipped and counted
+NO_LOOP = "NoLoop"
+
+
+def loop_condition(note: str | None, generation: int | None) -> dict[str, Any] | None:
+    """`CopyLoop` from the workers' consumer notes: True while one refuses a loop, False while
+    active-active skips them (or after a note went away); None when no worker ever noted one."""
+    if note is None:
+        return None
+    if "refused" in note:
+        return _cond(COPY_LOOP, True, LOOP_REFUSED, f"{note}: the copies would come back to the source; set "
+                     "target.subjectPrefix, use another account, or engine: native (activeActive if two sites "
+                     "replicate into each other on purpose)", generation)
+    if note:
+        return _cond(COPY_LOOP, False, LOOPS_SKIPPED, note, generation)
+    return _cond(COPY_LOOP, False, NO_LOOP, "no worker notes a copy loop", generation)

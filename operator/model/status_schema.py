@@ -74,6 +74,9 @@ class StreamReplicationStatus(Model):
     last_active: str | None = field(
         "Last time the replicator's consumer acknowledged a message, or NATS last saw the native engine's source.",
         None, format="date-time")
+    consumer: str | None = field(
+        "The replicator's durable consumer on the source stream, as last read; a durable left by a change of mode, "
+        "name or engine is deleted once no pod can use it.", None)
     engine: Literal["native", "replicator"] | None = field(
         "The engine in charge; the Engine condition says why it was chosen.", None)
     resume_after: int | None = field(

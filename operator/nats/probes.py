@@ -15,6 +15,7 @@ from nats.js.errors import NotFoundError
 from replication_operator.model.spec import ReplicationSpec
 from replication_operator.nats.connection import Auth, NatsStatusError, connect, describe
 
+from replicator.copier.loops import loop_notes
 from replicator.transport.errors import NATS_ERRORS
 
 SUMMARY_KEY = "summary"
@@ -28,9 +29,13 @@ def _timestamp(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+LOOPS = "copyLoop"  # not a status field: the reconciler turns it into the CopyLoop condition
+
+
 def consumer_fields(info: js_api.ConsumerInfo) -> dict[str, Any]:
-    """`lag` (messages not yet delivered) and `lastActive` (last ack, else last delivery)."""
-    fields: dict[str, Any] = {"lag": int(info.num_pending or 0)}
+    """`lag` (messages not yet delivered) and `lastActive` (last ack, else last delivery); `LOOPS`:
+    what the workers noted about copy loops ("" for nothing)."""
+    fields: dict[str, Any] = {"lag": int(info.num_pending or 0), LOOPS: loop_notes(info.config.metadata or {})}
     last = None
     if info.ack_floor and info.ack_floor.last_active:
         last = info.ack_floor.last_active

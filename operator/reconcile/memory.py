@@ -57,6 +57,7 @@ class Memory:
     status: dict[str, Any] = field(default_factory=dict)
     identity: tuple[str, str] | None = None  # (namespace, name), once a status was written (metrics)
     fleet_sites: tuple[dict[str, Any], ...] = ()  # the last fleet summary's site rows (metrics only)
+    copy_loop: str | None = None  # the workers' loop notes on their consumer (None: never any)
     engine: EngineMemory = field(default_factory=EngineMemory)
     paused: bool | None = None  # the pause annotation at the last pass (None: no pass yet)
 

@@ -29,7 +29,7 @@ from replication_operator.metrics import OperatorMetrics
 from replication_operator.model import naming
 from replication_operator.model import status as st
 from replication_operator.model.spec import ReplicationSpec, SpecError, parse_spec
-from replication_operator.nats import connection, probes
+from replication_operator.nats import connection, durables, probes
 from replication_operator.reconcile.apply import Applier
 from replication_operator.reconcile.engine_switch import EngineSwitch
 from replication_operator.reconcile.events import Events
@@ -41,6 +41,10 @@ from replicator.observe.monitor import MonitorServer
 
 # Problems that keep the operator from reading NATS for a resource (its Secrets are not usable).
 NO_NATS_READS = frozenset({st.SECRET_MISSING, st.SECRET_KEY_MISSING, *policy.REASONS})
+
+
+class WorkersRunning(Exception):
+    """Finalizing waits for the worker pods to be gone."""
 
 
 @dataclass
@@ -233,6 +237,10 @@ class Reconciler:
             return  # a refused resource is not read either: no connection to a host it may not name
         in_charge = memory.current_status(body).get("engine")
         if memory.engine.native_view is not None or in_charge == engine.NATIVE:
+            retired = await self._retire_durable(body, spec, memory, None)
+            if retired:
+                async with memory.lock:
+                    await self.status.update(body, memory, retired)
             await self._refresh_native(body, spec, memory)
             return
         fields: dict[str, Any] = {}
@@ -240,6 +248,10 @@ class Reconciler:
         try:
             auth = await self.secrets.auth(spec, spec.source)
             fields.update(await probes.read_consumer(spec, auth, timeout))
+            fields.update(await self._retire_durable(body, spec, memory, spec.consumer_name))
+            conditions = self._loop_conditions(body, memory, fields.pop(probes.LOOPS, ""))
+            if conditions is not None:
+                fields["conditions"] = conditions
             self._nats_ok(body, memory, "lag")
         except connection.NatsStatusError as err:
             self._nats_error(body, memory, "lag", "LagUnavailable", str(err))
@@ -272,13 +284,72 @@ class Reconciler:
             await self.status.write(body, memory, None, 0)
 
     async def finalize(self, body: Mapping[str, Any]) -> None:
-        """The resource is being deleted: the native engine's entry goes (stream and data stay)."""
-        if not (body.get("status") or {}).get("native"):
-            return
+        """The resource is being deleted: the native engine's entry goes (stream and data stay); the
+        replicator's durable on the source goes once its pods are gone (a running worker would
+        create it again). Raises WorkersRunning while they stop."""
         spec = parse_spec(body)
-        done = await self.switch.remove(body, spec)
-        if done:
-            self.events.post(body, "Normal", "SourceRemoved", done)
+        if (body.get("status") or {}).get("native"):
+            done = await self.switch.remove(body, spec)
+            if done:
+                self.events.post(body, "Normal", "SourceRemoved", done)
+            return
+        meta = body["metadata"]
+        name = naming.deployment_name(meta["name"])
+        deployment = await self.api.get_quietly(naming.DEPLOYMENT, meta["namespace"], name)
+        if deployment is not None:
+            if not (deployment.get("metadata") or {}).get("deletionTimestamp"):
+                await self.api.delete(naming.DEPLOYMENT, meta["namespace"], name,
+                                      uid=(deployment.get("metadata") or {}).get("uid"), foreground=True)
+            raise WorkersRunning(f"waiting for Deployment {name}'s pods to stop before deleting the durable consumer")
+        auth = await self.secrets.auth(spec, spec.source)
+        deleted = await durables.delete_durable(spec, spec.consumer_name, auth, self.config.nats_timeout)
+        if deleted:
+            self.events.post(body, "Normal", "DurableDeleted", f"deleted {deleted}")
+
+    async def _retire_durable(self, body: Mapping[str, Any], spec: ReplicationSpec, memory: Memory,
+                              wanted: str | None) -> dict[str, Any]:
+        """status.consumer follows the durable in use (`wanted`: None under the native engine). One
+        left by a change of mode, name or engine is deleted on the source once no pod can use it
+        (a stopping ordered worker parks its durable again); {} while it waits or cannot."""
+        recorded = memory.current_status(body).get("consumer")
+        if recorded == wanted or (recorded is None and wanted is None):
+            return {}
+        if recorded is None:
+            return {"consumer": wanted}
+        meta = body["metadata"]
+        deployment = await self.api.get_quietly(naming.DEPLOYMENT, meta["namespace"],
+                                                naming.deployment_name(meta["name"]))
+        if wanted is None and deployment is not None:
+            return {}  # the replicator's pods are still stopping
+        if wanted is not None and not st.rollout_of(deployment, asked(body).replicas).complete:
+            return {}  # pods of the previous config may still run
+        try:
+            auth = await self.secrets.auth(spec, spec.source)
+            deleted = await durables.delete_durable(spec, recorded, auth, self.config.nats_timeout)
+        except connection.NatsStatusError as err:
+            self._nats_error(body, memory, "durable", "DurableLeft", f"previous durable {recorded} left on the "
+                             f"source (delete it with nats consumer rm): {err}")
+            # The native engine may not reach the source at all: tried once. The replicator just read it.
+            return {"consumer": None} if wanted is None else {}
+        memory.nats_errors.pop("durable", None)
+        if deleted:
+            self.events.post(body, "Normal", "DurableDeleted", f"deleted {deleted}: no longer used (now "
+                             f"{'the native engine' if wanted is None else wanted})")
+        return {"consumer": wanted}
+
+    def _loop_conditions(self, body: Mapping[str, Any], memory: Memory, note: str) -> list[dict[str, Any]] | None:
+        """The conditions with CopyLoop from the workers' notes on their consumer (None: unchanged;
+        every later status write keeps it); a Warning event when a refusal appears."""
+        if (memory.copy_loop is None and not note) or note == memory.copy_loop:
+            return None
+        if "refused" in note:
+            self.events.post(body, "Warning", st.LOOP_REFUSED, note)
+        memory.copy_loop = note
+        old = memory.current_status(body).get("conditions") or []
+        cond = st.loop_condition(note, memory.observed_generation)
+        assert cond is not None
+        merged = st.merge_conditions(old, [cond], self.status.clock())
+        return [c for c in old if c.get("type") != st.COPY_LOOP] + merged
 
     def _nats_error(
         self, body: Mapping[str, Any], memory: Memory, what: str, reason: str, message: str

@@ -44,6 +44,8 @@ class StatusWriter:
         old = memory.current_status(body)
         running = memory.engine
         extra = [engine.condition(running.choice, running.choice_generation)] if running.choice else []
+        loop = st.loop_condition(memory.copy_loop, memory.observed_generation)
+        extra += [loop] if loop is not None else []
         now = self.clock()
         certificates = None  # the native engine mounts nothing
         if running.native_view is None:

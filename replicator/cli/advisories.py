@@ -149,15 +149,19 @@ async def run(args: argparse.Namespace) -> int:
         await nc.close()
 
 
+INACTIVE = 30.0  # seconds: a reader killed mid-read leaves no consumer behind for longer
+
+
 async def _read_stream(
     js: Any, stream: str, subject: str, args: argparse.Namespace, printer: _Printer
 ) -> None:
     """An ordered consumer from `--since` (or the start); stops when caught up unless following."""
     if args.since is not None:
         start = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=args.since)
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_TIME, opt_start_time=start)
+        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_TIME, opt_start_time=start,
+                                    inactive_threshold=INACTIVE)
     else:
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
+        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL, inactive_threshold=INACTIVE)
     caught_up = asyncio.Event()
 
     async def on_msg(msg: Msg) -> None:

@@ -102,6 +102,16 @@ class TopicConfig(Strict):
     target_create: bool = True
     # Replicas of a target stream the replicator creates (None: the source's). NATS allows 1 to 5.
     target_replicas: int | None = Field(default=None, ge=1, le=5)
+    # Limits of a target stream the replicator creates (None: no limit; the source's count and size
+    # limits were sized for one source, and a target is often shared: `transport/streams.py`).
+    target_max_msgs: int | None = Field(default=None, ge=1)
+    target_max_bytes: int | None = Field(default=None, ge=1)
+    target_max_age: Duration | None = None  # None: the source's max_age
+    target_max_msgs_per_subject: int | None = Field(default=None, ge=1)
+    target_discard: Literal["old", "new"] | None = None  # None: old (NATS's default)
+    # Two sites replicating into each other on purpose: a delivered copy that would loop (`copier/loops.py`)
+    # is skipped and counted instead of stopping the replicator.
+    active_active: bool = False
     source_cluster_id: str | None = None
     target_cluster_id: str | None = None
     workers: int = Field(default=1, ge=1, le=1024)

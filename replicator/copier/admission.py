@@ -58,21 +58,26 @@ def copy_entry(msg: RawMsg, tokens: list[str], seq: int, transform: MessageTrans
     return Entry(msg, seq, ts, received, transform.build(msg, seq, ts))
 
 
+_PROVENANCE: Final = b"\r\nStream-Replicator-Source:"  # a copy's header line (`provenance.PROVENANCE`)
+
+
 def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTransform, last_cseq: int,
-             floor: int, most: int, room: int) -> Run:
+             floor: int, most: int, room: int, plain: bool = False) -> Run:
     """Admit deliveries off the front of `buffer` (at most `most`, and at most `room` copies)
     while each one is the next of the consumer (`last_cseq` + 1) and newer than `floor` (the
     highest stream sequence the copier holds): skips are noted, copies built into entries. A
     delivery that fails either test stays in the buffer for the copier's own path, as does any
     once `room` copies are taken (its verdict is not asked: a sampling decision counts the sender
-    as copied). One whose verdict is `Pending` is taken and handed back as `head`."""
+    as copied). One whose verdict is `Pending` is taken and handed back as `head`. `plain`: the
+    verdict copies every delivery without a provenance header, and is asked only about copies (the
+    loop guard)."""
     run = Run()
     entries = run.entries
     skipped = skipped_bytes = copied_bytes = 0
     lag: str | None = None
     last: Entry | None = None
     received = time.monotonic()
-    everything = verdict is copy_everything
+    everything = verdict is copy_everything or plain
     while buffer and skipped + len(entries) < most and len(entries) < room:
         msg = buffer[0]
         cseq, seq, tokens = _sequences(msg.reply)
@@ -81,7 +86,8 @@ def take_run(buffer: deque[RawMsg], verdict: DeliveryCheck, transform: MessageTr
         buffer.popleft()
         last_cseq = cseq
         lag = tokens[ACK_PENDING]
-        copy = True if everything else verdict(msg, tokens, seq)
+        hdr = msg.hdr
+        copy = True if everything and (hdr is None or _PROVENANCE not in hdr) else verdict(msg, tokens, seq)
         if copy is False:
             skipped += 1
             skipped_bytes += len(msg.data)

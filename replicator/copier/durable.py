@@ -16,6 +16,7 @@ from nats.js.errors import NotFoundError
 from replicator.copier.endpoints import ACK_WAIT, Endpoints
 
 WRITE_NOTE = "stream-replicator.write"  # how the target is written (`batching.py`), for `report`
+OWNER_NOTE = "stream-replicator.owner"  # the replicator name: `report` lists durables no profile owns
 # A durable deleted and created again at once by two clients can come back from nats-server with the
 # old one's delivery state (seen with 2.15: start 71 asked, delivery from 31): creation is checked.
 FRESH_ATTEMPTS = 5
@@ -42,7 +43,7 @@ async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, 
         max_ack_pending=max_in_flight * 2,
         filter_subject=ep.profile.settings.topic,
         max_waiting=512,
-        metadata={WRITE_NOTE: write_path} if write_path else None,
+        metadata={OWNER_NOTE: ep.profile.base_name, **({WRITE_NOTE: write_path} if write_path else {})},
         **position,  # type: ignore[arg-type]
     )
     for _ in range(FRESH_ATTEMPTS):

@@ -40,10 +40,30 @@ class Decider(Protocol):
     def flush(self) -> None: ...
 
 
-def verdict_for(ep: Endpoints) -> Verdict:
-    """Copy this delivery? Not when older than `max_age` (counted) or sampled out; `Pending` when
-    only `settle` can tell. Synchronous, because at fleet rates most answers need no waiting; bound
-    to one loop's settings once, because it runs for every delivery."""
+def verdict_for(ep: Endpoints, looped: Callable[[RawMsg, int], bool] | None = None) -> Verdict:
+    """Copy this delivery? Not when it would loop (`looped`: `loops.LoopGuard`, which skips or refuses by raising),
+    older than `max_age` (counted) or sampled out; `Pending` when only `settle` can tell.
+    Synchronous, because at fleet rates most answers need no waiting; bound to one loop's settings
+    once, because it runs for every delivery."""
+    decide = _verdict_for(ep)
+    if looped is None:
+        return decide
+
+    def guarded(msg: RawMsg, tokens: list[str], seq: int) -> bool | Pending:
+        if msg.hdr is not None and looped(msg, seq):
+            return False
+        return decide(msg, tokens, seq)
+
+    return guarded
+
+
+def copies_the_rest(ep: Endpoints) -> bool:
+    """Does `verdict_for` copy every delivery that carries no provenance header (no max_age, no
+    sampling)? Then `admission.take_run` asks it only about the ones that do."""
+    return not ep.profile.settings.max_age and ep.limiter is None
+
+
+def _verdict_for(ep: Endpoints) -> Verdict:
     max_age = ep.profile.settings.max_age
     sampled = ep.limiter.for_deliveries() if ep.limiter is not None else None
     if not max_age:

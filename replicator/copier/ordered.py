@@ -32,6 +32,7 @@ from replicator.copier.endpoints import (
     POISON_ATTEMPTS,
     PUBLISH_TIMEOUT,
     Endpoints,
+    copies_the_rest,
     flush_counts,
     settle,
     source_identity,
@@ -40,28 +41,16 @@ from replicator.copier.endpoints import (
 )
 from replicator.copier.failure_log import FailureLog
 from replicator.copier.failures import Failure, classify
+from replicator.copier.loops import LoopGuard
 from replicator.copier.poison import StuckWatch, give_up
-from replicator.copier.position import (
-    MAX_CLOCK_SKEW_NS,
-    Resume,
-    TargetPosition,
-    ack_seq,
-    resume_point,
-)
+from replicator.copier.position import MAX_CLOCK_SKEW_NS, Resume, TargetPosition, ack_seq, resume_point
 from replicator.copier.shutdown import finish
 from replicator.copier.transform import MessageTransform
 from replicator.copier.window import Entry, any_unsure, batch_failure, landed, reset, sent_in, settled, take_sendable
 from replicator.observe.metrics import observe_many
 from replicator.sampling.limiter import Pending
 from replicator.transport.jetstream import Publisher, PublishError, Puller, ack
-from replicator.transport.wire import (
-    ACK_CONSUMER_SEQ,
-    ACK_DELIVERED,
-    ACK_PENDING,
-    ACK_STREAM_SEQ,
-    RawMsg,
-    ack_tokens,
-)
+from replicator.transport.wire import ACK_CONSUMER_SEQ, ACK_DELIVERED, ACK_PENDING, ACK_STREAM_SEQ, RawMsg, ack_tokens
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +76,8 @@ class OrderedCopier:
         self.configured_in_flight = s.max_in_flight
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
-        self.verdict = verdict_for(self.ep)
+        self.guard = LoopGuard(self.ep, self.transform, self.ep.profile.durable_name)
+        self.verdict, self.plain = verdict_for(self.ep, self.guard.looped), copies_the_rest(self.ep)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake)
         self.writer = BatchWriter(self.ep.target_nc, self.wake, self.ep.worker)
         self.puller: Puller | None = None
@@ -118,6 +108,7 @@ class OrderedCopier:
         for messages that were in flight when the previous worker died."""
         ep = self.ep
         self.transform.set_writer(await source_identity(self.ep))
+        await self.guard.bind()
         await self._read_features()
         topic = ep.profile.settings.topic
         self.position = TargetPosition(ep.target_nc, ep.target_stream, self.transform.rewrite(topic),
@@ -165,6 +156,7 @@ class OrderedCopier:
             await self.stuck.stopped()
         finally:
             ep.ready(False)
+            await self.guard.settle()
             if self.puller:
                 await self.puller.stop()
             await self.writer.stop()
@@ -246,7 +238,7 @@ class OrderedCopier:
         window = self.window
         floor = max(self.committed, window[-1].last_seq) if window else self.committed
         room = 1 if not window and not self.chain_open else limit - len(window)
-        run = take_run(buffer, self.verdict, self.transform, self.last_cseq, floor, most, room)
+        run = take_run(buffer, self.verdict, self.transform, self.last_cseq, floor, most, room, self.plain)
         if run.lag is not None:
             self.last_cseq, self.lag = run.last_cseq, run.lag
         if run.seq:

@@ -8,10 +8,14 @@ nats-server 2.15 computes its own `Nats-Stream-Identity`; the writer id hashes s
 instance and replicator name into 10 characters, short because it rides on every message:
 
 - `Nats-Msg-Id: <writer>:<stream_seq>`
-- `Stream-Replicator-Source: <source_stream> <stream_seq> <name> <source_timestamp_ms> <writer>`
+- `Stream-Replicator-Source: <source_stream> <stream_seq> <name> <source_timestamp_ms> <writer> <instance>`
 
-Copies written by the previous release carry `<stream>:<seq>` ids and a provenance without the
-writer field; they are still recognised when resuming (by stream and name, as that release did).
+The last field is the source stream instance's identity (`stream_identity`): it names the place a
+copy came from, so that the loop guard (`loops.py`) can refuse to copy it back there.
+
+Copies written by the previous releases carry `<stream>:<seq>` ids and a provenance without the
+writer field, or without the instance; they are still recognised when resuming (by stream and name,
+as that release did).
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ class Writer:
         return f"{self.id}:{seq}"
 
     def provenance(self, seq: int, timestamp_ns: int) -> str:
-        return f"{self.source_stream} {seq} {self.name} {timestamp_ns // 1_000_000} {self.id}"
+        instance = f" {self.identity}" if self.identity else ""
+        return f"{self.source_stream} {seq} {self.name} {timestamp_ns // 1_000_000} {self.id}{instance}"
 
     def owns(self, prov: Provenance | None) -> bool:
         """A copy this writer made; copies of the previous release (no writer field) are matched by
@@ -83,6 +88,7 @@ class Provenance:
     name: str
     timestamp_ms: int
     writer: str | None = None  # None: written by the previous release
+    instance: str | None = None  # the source stream instance's identity; None: an earlier release
 
     @property
     def legacy(self) -> bool:
@@ -105,9 +111,10 @@ def parse_provenance(value: str | None) -> Provenance | None:
     if not value:
         return None
     parts = value.split(" ")
-    if len(parts) not in (4, 5):
+    if len(parts) not in (4, 5, 6):
         return None
     try:
-        return Provenance(parts[0], int(parts[1]), parts[2], int(parts[3]), parts[4] if len(parts) == 5 else None)
+        return Provenance(parts[0], int(parts[1]), parts[2], int(parts[3]), parts[4] if len(parts) >= 5 else None,
+                          parts[5] if len(parts) == 6 else None)
     except ValueError:
         return None

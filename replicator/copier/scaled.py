@@ -18,7 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from replicator.copier.control import Backoff, Stopper, wait_wake
-from replicator.copier.durable import FRESH_ATTEMPTS
+from replicator.copier.durable import FRESH_ATTEMPTS, OWNER_NOTE
 from replicator.copier.endpoints import (
     ACK_WAIT,
     POISON_ATTEMPTS,
@@ -32,6 +32,7 @@ from replicator.copier.endpoints import (
 )
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
+from replicator.copier.loops import LoopGuard
 from replicator.copier.poison import StuckWatch, describe, give_up
 from replicator.copier.transform import MessageTransform
 from replicator.observe.metrics import observe_many
@@ -116,7 +117,8 @@ class ScaledWorker:
     def __post_init__(self) -> None:
         self.wake = asyncio.Event()
         self.transform = MessageTransform(self.ep)
-        self.verdict = verdict_for(self.ep)
+        self.guard = LoopGuard(self.ep, self.transform, self.ep.profile.group_name)
+        self.verdict = verdict_for(self.ep, self.guard.looped)
         self.publisher = Publisher(self.ep.target_nc, wake=self.wake, on_result=self._finished)
         self.sent: deque[InFlight] = deque()  # send order, for timeouts
         self.finished: deque[InFlight] = deque()  # settled by the target, waiting to be acked or nak'ed
@@ -151,6 +153,7 @@ class ScaledWorker:
                 await ep.source_js.delete_consumer(ep.source_stream, ep.profile.group_name)
             raise BindError(f"source stream {ep.source_stream} was created again while binding")
         self.transform.set_writer(identity)
+        await self.guard.bind()
         group.note(durable, identity)
         await self._read_features()
 
@@ -263,6 +266,7 @@ class ScaledWorker:
                 await ep.source_nc.flush(timeout=2)
         finally:
             ep.ready(False)
+            await self.guard.settle()
             await puller.stop()
             await self.publisher.stop()
 
@@ -426,6 +430,7 @@ async def _ensure_group_consumer(ep: Endpoints, max_in_flight: int, name: str,
         max_ack_pending=max(20_000, max_in_flight * 8),
         filter_subject=ep.profile.settings.topic,
         max_waiting=2048,
+        metadata={OWNER_NOTE: ep.profile.base_name},
         **position,  # type: ignore[arg-type]
     )
     try:

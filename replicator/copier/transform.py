@@ -60,7 +60,8 @@ class MessageTransform:
         self._prov = b"%s: %s " % (_PROV, self.writer.source_stream.encode())
         self._name = b" %s " % self.writer.name.encode()
         self._wid = wid
-        self._tail = b" %s\r\n%s: " % (wid, _ID)
+        instance = b" " + identity.encode() if identity else b""
+        self._tail = b" %s%s\r\n%s: " % (wid, instance, _ID)
         self._choria = self._choria_name = b""
         if self.choria is not None:
             self._choria = b"%s: %s " % (_CHORIA, self.writer.source_stream.encode())

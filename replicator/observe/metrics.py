@@ -29,6 +29,7 @@ COUNTERS = {
     "too_old_msgs": "Source messages older than max_age, acknowledged without copying",
     "poison_msgs": "Messages the target can never take, given up (dead-lettered or skipped; each logged once)",
     "dead_letter_msgs": "Poison messages published to the dead_letter subject",
+    "loop_skipped_msgs": "Copies delivered back to the source that would loop, skipped (active_active)",
     "chain_restarts": "Ordered chain restarts because another writer stored a message in between (fan-in)",
     "connection_reconnections": "Reconnections of a NATS connection",
     "connection_closed": "NATS connections closed",
@@ -153,6 +154,7 @@ class WorkerMetrics:
         self.poison_msgs = c["poison_msgs"]
         self.dead_letter_msgs = c["dead_letter_msgs"]
         self.chain_restarts = c["chain_restarts"]
+        self.loop_skipped_msgs = c["loop_skipped_msgs"]
         self.reconnections = c["connection_reconnections"]
         self.closed = c["connection_closed"]
         self.errors = c["connection_errors"]

@@ -176,7 +176,11 @@ class Replicator:
         return None
 
     async def _set_up_streams(self, source: Client, target: Client) -> tuple[str, str]:
+        from replicator.copier.loops import check_start
+
         source_stream = await find_source_stream(source.jetstream(), self.profile.settings)
+        subjects = (await source.jetstream().stream_info(source_stream)).config.subjects or []
+        await check_start(self.profile, source, target, source_stream, subjects)  # before a target is created
         target_stream = await ensure_target_stream(source.jetstream(), target.jetstream(), self.profile.settings,
                                                    source_stream)
         return source_stream, target_stream

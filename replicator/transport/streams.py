@@ -1,15 +1,18 @@
-"""Source and target streams: find the source, create the target from the source's config, read
-a stream's creation time, and note a consumer's state in its metadata."""
+"""Source and target streams: find the source, create the target from the source's config (its
+limits made safe for fan-in), read a stream's creation time, and note a consumer's state in its
+metadata."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from nats.aio.client import Client
-from nats.js.api import ConsumerInfo, StreamConfig
+from nats.js.api import ConsumerInfo, DiscardPolicy, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
@@ -49,6 +52,7 @@ async def ensure_target_stream(
         if wanted and wanted != has:
             log.warning("target stream %s has %d replicas, not the %d of target_replicas: left as it is (the "
                         "replicator creates streams, never changes them)", name, has, wanted)
+        await _check_existing(source_js, source_stream, name, info.config, settings)
         return name
     except NotFoundError:
         if not settings.target_create:
@@ -77,6 +81,8 @@ async def ensure_target_stream(
         allow_batched=True if batches_supported(target_js) else source_cfg.allow_batched,
         num_replicas=settings.target_replicas or source_cfg.num_replicas,
     )
+    limits, left = fan_in_limits(_limits_of(source_cfg), wanted_limits(settings))
+    cfg = replace(cfg, **{**limits, "discard": DiscardPolicy(limits["discard"])})
     cfg = _drop_unset(cfg)
     try:
         await target_js.add_stream(cfg)
@@ -93,8 +99,91 @@ async def ensure_target_stream(
                     "source's %d", name, cfg.num_replicas)
         cfg = replace(cfg, num_replicas=1)
         await target_js.add_stream(cfg)
-    log.info("created target stream %s with subjects %s (%d replicas)", name, subjects, cfg.num_replicas or 1)
+    log.info("created target stream %s with subjects %s (%d replicas): took the source's storage %s, retention %s "
+             "and max_age %s; limits %s%s", name, subjects, cfg.num_replicas or 1, _value(source_cfg.storage),
+             _value(source_cfg.retention), _seconds(source_cfg.max_age), describe_limits(limits),
+             f"; not the source's {', '.join(left)}, sized for one source (target_max_msgs, target_max_bytes, "
+             "target_max_msgs_per_subject set the target's)" if left else "")
     return name
+
+
+# ---- fan-in-safe limits: a target is often shared by many sources ----
+SIZED_FOR_ONE = ("max_msgs", "max_bytes", "max_msgs_per_subject", "max_msg_size")
+LIMITS = ("max_msgs", "max_bytes", "max_msgs_per_subject", "max_age")
+
+
+def wanted_limits(settings: TopicConfig) -> dict[str, Any]:
+    """The `target_*` limit keys (None: not set), in the stream config's terms (max_age in seconds)."""
+    return {"max_msgs": settings.target_max_msgs, "max_bytes": settings.target_max_bytes,
+            "max_msgs_per_subject": settings.target_max_msgs_per_subject, "max_age": settings.target_max_age,
+            "discard": settings.target_discard}
+
+
+def fan_in_limits(source: Mapping[str, Any], wanted: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A created target's limits, and the source's limits it did not take. The source's count and
+    size limits were sized for one source, and a region stream created by the first city's
+    replicator would apply them to every city's copies: only the wanted ones are set. `max_age`
+    (the data's lifetime, not its volume) is the source's unless wanted; discard is `old` unless
+    wanted. `source` and `wanted` in the same units (max_age: seconds here, nanoseconds in the
+    server's JSON)."""
+    limits: dict[str, Any] = {k: wanted.get(k) or -1 for k in SIZED_FOR_ONE}
+    limits["max_age"] = wanted["max_age"] if wanted.get("max_age") is not None else source.get("max_age") or 0
+    limits["discard"] = wanted.get("discard") or "old"
+    limits["discard_new_per_subject"] = False
+    left = [f"{k} {source[k]}" for k in SIZED_FOR_ONE if (source.get(k) or 0) > 0 and limits[k] != source[k]]
+    return limits, left
+
+
+def tighter_limits(target: Mapping[str, Any], source: Mapping[str, Any]) -> list[str]:
+    """The target's limits under the source's (or where the source has none): the target discards
+    copies (or, with discard new, refuses them) before the source lets the messages go."""
+    found = []
+    for key in LIMITS:
+        has, src = target.get(key) or 0, source.get(key) or 0
+        if has > 0 and (src <= 0 or has < src):
+            found.append(f"{key} {has} (the source's: {src if src > 0 else 'none'})")
+    return found
+
+
+def describe_limits(limits: Mapping[str, Any]) -> str:
+    set_ = [f"{k} {limits[k]}" for k in LIMITS if k != "max_age" and (limits.get(k) or 0) > 0]
+    return (", ".join(set_) or "none on count or size") + f", discard {limits.get('discard') or 'old'}"
+
+
+async def _check_existing(source_js: JetStreamContext, source_stream: str, name: str, target: StreamConfig,
+                          settings: TopicConfig) -> None:
+    """Warn about an existing target that would lose copies sooner than the source loses the
+    messages, and about `target_*` limits it does not have (never changed)."""
+    try:
+        source_cfg = (await source_js.stream_info(source_stream)).config
+    except (APIError, NotFoundError):
+        return  # the source is found again, and reported, by whoever needs it
+    tighter = tighter_limits(_limits_of(target), _limits_of(source_cfg))
+    if tighter:
+        log.warning("target stream %s has tighter limits than source stream %s: %s; with discard %s it %s copies "
+                    "that the source still holds (and it may be shared by more sources): raise them with nats "
+                    "stream edit", name, source_stream, ", ".join(tighter), _value(target.discard) or "old",
+                    "refuses" if _value(target.discard) == "new" else "discards")
+    has = _limits_of(target)
+    differ = [f"target_{k} {v} (the stream's: {has.get(k)})" for k, v in wanted_limits(settings).items()
+              if v is not None and k != "discard" and v != has.get(k)]
+    if settings.target_discard and settings.target_discard != _value(target.discard):
+        differ.append(f"target_discard {settings.target_discard} (the stream's: {_value(target.discard)})")
+    if differ:
+        log.warning("target stream %s exists: %s left as it is (the replicator creates streams, never changes them)",
+                    name, ", ".join(differ))
+
+
+def _limits_of(cfg: StreamConfig) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in (*SIZED_FOR_ONE, "max_age")}
+
+
+def _value(value: object) -> str:
+    return str(getattr(value, "value", value) or "")
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:g}s" if value else "none"
 
 
 REPLICAS_NOT_CLUSTERED = 10074  # "replicas > 1 not supported in non-clustered mode"

@@ -61,8 +61,9 @@ async def test_headers_preserved_provenance_and_msg_id(source_server, target_ser
     created = json.loads((await source_nc.request("$JS.API.STREAM.INFO.FLEET", b"")).data)["created"]
     writer = writer_id("FLEET", stream_identity(created), "edge")
     assert first.headers["Nats-Msg-Id"] == f"{writer}:1" and second.headers["Nats-Msg-Id"] == f"{writer}:2"
-    stream, seq, name, ts, by = first.headers["Stream-Replicator-Source"].split(" ")
+    stream, seq, name, ts, by, instance = first.headers["Stream-Replicator-Source"].split(" ")
     assert (stream, seq, name, by) == ("FLEET", "1", "edge", writer) and int(ts) > 1_600_000_000_000
+    assert instance == stream_identity(created)  # the place the copy came from (the loop guard reads it)
     assert second.headers["Stream-Replicator-Orig-Nats-Msg-Id"] == "mine-1"
 
 
@@ -75,7 +76,7 @@ async def test_subject_rewrite_and_target_created_from_source(source_server, tar
         assert await wait_for_count(target_nc, "CENTRE", 300) == 300
     info = await target_nc.jetstream().stream_info("CENTRE")
     assert info.config.subjects == ["dc1.>"]
-    assert info.config.max_msgs_per_subject == 50
+    assert info.config.max_msgs_per_subject == -1  # a limit sized for one source is not taken (fan-in)
     msgs = await read_all(target_nc, "CENTRE")
     assert {m.subject for m in msgs} == {f"dc1.n{i}" for i in range(100)}
 

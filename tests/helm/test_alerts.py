@@ -56,7 +56,7 @@ def test_rendered_rules_pass_promtool_check_and_unit_tests(tmp_path: Path) -> No
     write_rules(tmp_path)
     shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
     check = promtool("check", "rules", "rules.yaml", cwd=tmp_path)
-    assert check.returncode == 0 and "SUCCESS: 8 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stdout + check.stderr
     test = promtool("test", "rules", UNIT_TESTS.name, cwd=tmp_path)
     assert test.returncode == 0 and "SUCCESS" in test.stdout, test.stdout + test.stderr
 
@@ -69,7 +69,7 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
         for check in case["alert_rule_test"]:
             (fires if check["exp_alerts"] else silent).add(check["alertname"])
     alerts = {r["alert"] for r in rules()}
-    assert len(alerts) == 8
+    assert len(alerts) == 9
     assert fires == alerts and silent == alerts
 
 

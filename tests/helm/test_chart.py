@@ -580,7 +580,7 @@ def test_service_monitor() -> None:
     assert sm["spec"]["namespaceSelector"] == {"any": True}
     assert sm["spec"]["selector"]["matchLabels"] == {
         "app.kubernetes.io/name": "stream-replicator",
-        "app.kubernetes.io/component": "worker",
+        "app.kubernetes.io/component": "metrics",
     }
     assert sm["spec"]["endpoints"] == [
         {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}

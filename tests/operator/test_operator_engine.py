@@ -248,7 +248,8 @@ def test_a_created_target_follows_the_replicators_rules() -> None:
     entry = native.build_entry(spec, LEAF, "FLEET", Start())
     config = native.target_config(source_config, spec, "FLEET_HUB", entry, "FLEET")
     assert config["name"] == "FLEET_HUB" and config["subjects"] == ["hub.fleet.>"]
-    assert config["sources"] == [entry] and config["max_msgs_per_subject"] == 50
+    assert config["sources"] == [entry] and config["storage"] == "file"
+    assert config["max_msgs_per_subject"] == -1  # sized for one source: a target is often shared (fan-in)
     assert "placement" not in config and "republish" not in config and config["metadata"] == {"team": "ops"}
     assert "num_replicas" not in config  # the source's (none given here)
 

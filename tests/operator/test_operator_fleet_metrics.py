@@ -101,7 +101,7 @@ async def test_fleet_summary_becomes_gauges_per_resource_and_site(
         await api.patch(naming.STREAM_REPLICATION, NS, NAME, {"spec": {"fleetHealth": None}})
         await wait_for(lambda: shows({}), within=10)
         left = {name for name, _ in await asyncio.to_thread(samples, port)}
-        assert left == {"resource_replicas_desired", "resource_replicas_ready"}
+        assert left == {"resource_replicas_desired", "resource_replicas_ready", "resource_copy_loop"}
         await api.patch(naming.STREAM_REPLICATION, NS, NAME, {"spec": resource(target_server.url)["spec"]})
         await wait_for(lambda: shows(expected((10, 0, 1), second)), within=10)
 

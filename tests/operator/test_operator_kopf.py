@@ -249,7 +249,7 @@ async def test_foreign_object_with_a_child_name_is_left_alone(api: Api, operator
     assert (api.get(naming.CONFIGMAP, NS, "cmdb-city1-config") or {})["data"] == {"mine": "yes"}
 
 
-async def test_delete_releases_the_resource_and_leaves_owned_children(api: Api, operator: Reconciler) -> None:
+async def test_delete_stops_the_workers_and_leaves_owned_children(api: Api, operator: Reconciler) -> None:
     created = await _create_with_secrets(api, _resource())
     await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "cmdb-city1"))
     await wait_for(
@@ -258,11 +258,13 @@ async def test_delete_releases_the_resource_and_leaves_owned_children(api: Api, 
         )
     )
     await api.delete(naming.STREAM_REPLICATION, NS, "cmdb-city1")
-    # The operator's finalizer (kopf needs it for the status timer) comes off at once: no block.
+    # The operator's finalizer stops the workers (their Deployment goes first: a running worker would
+    # create the durable again) and deletes the durable; a source it never read does not hold it up.
     await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, "cmdb-city1") is None)
+    assert api.get(naming.DEPLOYMENT, NS, "cmdb-city1") is None
+    await wait_for(lambda: "DurableLeft" in api.reasons(NS, "cmdb-city1"))
     # The emulator has no garbage collector; the API server deletes these through their owner refs.
     for kind, name in (
-        (naming.DEPLOYMENT, "cmdb-city1"),
         (naming.CONFIGMAP, "cmdb-city1-config"),
         (naming.SERVICE, "cmdb-city1-metrics"),
     ):

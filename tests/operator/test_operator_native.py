@@ -305,11 +305,15 @@ async def test_engine_switches_lose_and_repeat_nothing(
         await api.create(body)
         await grows(500)  # the replicator's pod copies
         assert kubelet.starts == 1
+        await wait_for(lambda: "consumer" in status(api, name), within=30)
 
         await api.patch(naming.STREAM_REPLICATION, NS, name, {"spec": {"engine": "native"}})
         await wait_for(lambda: condition(api, name, "Ready").get("reason") == "Sourcing", within=30)
         assert kubelet.proc is None and kubelet.exit_codes == [0]
         assert api.get(naming.DEPLOYMENT, NS, name) is None and api.get(naming.CONFIGMAP, NS, f"{name}-config") is None
+        # The replicator's durable on the source goes too, once its pod is gone (status.consumer follows).
+        await wait_for(lambda: "consumer" not in status(api, name), within=30)
+        assert await leaf_nc.jetstream().consumers_info("SWITCH") == []
         handed = status(api, name)["native"]["start"]["sequence"]
         await grows(500)  # NATS copies
 

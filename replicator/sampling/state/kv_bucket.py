@@ -55,7 +55,8 @@ async def read_kv_state(js: JetStreamContext, bucket: str, *, wait: float = 30.0
         stream=f"KV_{bucket}",
         cb=on_msg,
         ordered_consumer=True,
-        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT),
+        # A reader killed mid-read leaves no consumer behind for longer than the threshold.
+        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=30.0),
     )
     try:
         if not nothing_sent(await sub.consumer_info()):
