@@ -50,6 +50,12 @@ if is("Degraded", "True") then
   hs.message = say(c["Degraded"])
   return hs
 end
+-- A worker refuses to copy what would come back to the source (a copy loop).
+if is("CopyLoop", "True") then
+  hs.status = "Degraded"
+  hs.message = say(c["CopyLoop"])
+  return hs
+end
 -- Mounted certificates that expired or cannot be read: the workers cannot connect with them.
 if is("CertificatesExpiring", "True") then
   local reason = c["CertificatesExpiring"].reason

@@ -173,10 +173,14 @@ PERMANENT = frozenset({SECRET_MISSING, SECRET_KEY_MISSING, INVALID_SPEC, NAME_CO
 
 
 def kstatus_conditions(main: Sequence[Mapping[str, Any]], permanent: frozenset[str],
-                       generation: int | None) -> list[dict[str, Any]]:
-    """Reconciling and Stalled, read off Progressing and Degraded, so that kstatus (Flux's health
-    checks and `--wait`) fails at once on a permanent problem instead of waiting for Ready."""
+                       generation: int | None, more: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Reconciling and Stalled, read off Progressing and Degraded (and a True `CopyLoop` among
+    `more`: a worker refuses to copy until the spec changes), so that kstatus (Flux's health checks
+    and `--wait`) fails at once on a permanent problem instead of waiting for Ready."""
     by_type = {c["type"]: c for c in main}
+    loop = next((c for c in more if c.get("type") == COPY_LOOP and c.get("status") == "True"), None)
+    if loop is not None and by_type.get(DEGRADED, {}).get("status") != "True":
+        by_type[DEGRADED] = loop
     progressing, degraded = by_type.get(PROGRESSING) or {}, by_type.get(DEGRADED) or {}
     working = progressing.get("status") == "True"
     reconciling = _cond(RECONCILING, working, str(progressing.get("reason") or CREATING),
@@ -346,7 +350,7 @@ def build_status(
     rollout = rollout_of(deployment, desired_replicas)
     main = conditions_for_native(problems, native, generation) if native else conditions_for(
         problems, rollout, generation)
-    more = [*kstatus_conditions(main, permanent, generation), *extra_conditions,
+    more = [*kstatus_conditions(main, permanent | {LOOP_REFUSED}, generation, extra_conditions), *extra_conditions,
             *([certificates] if certificates is not None else [])]
     conditions = merge_conditions((old_status or {}).get("conditions"), [*main, *more], now)
     status: dict[str, Any] = {

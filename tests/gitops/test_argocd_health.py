@@ -60,8 +60,9 @@ def resource(status: dict[str, Any], generation: int = GEN,
 
 def built(problems: tuple[tuple[str, str], ...] = (), dep: dict[str, Any] | None = None, desired: int = 1,
           native: st.Native | None = None, choice: engine.Choice | None = None,
-          certificate: dict[str, Any] | None = None) -> dict[str, Any]:
+          certificate: dict[str, Any] | None = None, loop: str | None = None) -> dict[str, Any]:
     extra = [engine.condition(choice, GEN)] if choice else []
+    extra += [c for c in [st.loop_condition(loop, GEN)] if c is not None]
     return st.build_status(name="cmdb", generation=GEN, problems=[st.Problem(r, m) for r, m in problems],
                            deployment=dep, desired_replicas=desired, old_status=None, now=NOW, native=native,
                            extra_conditions=extra, certificates=certificate, permanent=PERMANENT)
@@ -118,6 +119,11 @@ CASES: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
     *[(f"engine-{r}", (lambda r=r: built(dep=HEALTHY_DEP, choice=engine.Choice(engine.REPLICATOR, r, "why"))),
        "Healthy", kstatus.CURRENT)
       for r in (engine.NEEDS_REPLICATOR, engine.NO_ROUTE, engine.SOURCE_UNREACHABLE)],
+    ("loop-refused", lambda: built(dep=HEALTHY_DEP, loop="consumer note: copy loop refused"), "Degraded",
+     kstatus.FAILED),
+    ("loops-skipped", lambda: built(dep=HEALTHY_DEP, loop="active-active: 3 looping copies skipped"), "Healthy",
+     kstatus.CURRENT),
+    ("no-loop", lambda: built(dep=HEALTHY_DEP, loop=""), "Healthy", kstatus.CURRENT),
     ("certificates-valid", lambda: built(dep=HEALTHY_DEP, certificate=cert(90)), "Healthy", kstatus.CURRENT),
     ("certificate-expiring", lambda: built(dep=HEALTHY_DEP, certificate=cert(3)), "Healthy", kstatus.CURRENT),
     ("certificate-expired", lambda: built(dep=HEALTHY_DEP, certificate=cert(-1)), "Degraded", kstatus.CURRENT),
@@ -149,9 +155,9 @@ def test_the_cases_cover_every_condition_and_reason() -> None:
     reasons = {r for _, r in seen}
     types = {t for t, _ in seen}
     assert types == {st.READY, st.PROGRESSING, st.DEGRADED, st.RECONCILING, st.STALLED, st.PAUSED,
-                     st.CERTIFICATES_EXPIRING, engine.CONDITION, st.SOURCE_RECREATED}
+                     st.CERTIFICATES_EXPIRING, engine.CONDITION, st.SOURCE_RECREATED, st.COPY_LOOP}
     condition_types = {st.READY, st.PROGRESSING, st.DEGRADED, st.RECONCILING, st.STALLED, st.PAUSED,
-                       st.CERTIFICATES_EXPIRING, st.SOURCE_RECREATED}
+                       st.CERTIFICATES_EXPIRING, st.SOURCE_RECREATED, st.COPY_LOOP}
     written = {v for k, v in vars(st).items() if k.isupper() and isinstance(v, str) and v[:1].isupper()
                and v not in condition_types}
     written |= set(policy.REASONS) | {health.SOURCE_INACTIVE, health.CONNECTING, health.LAGGING}
