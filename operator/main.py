@@ -20,6 +20,8 @@ from replication_operator import handlers
 from replication_operator.reconcile.reconciler import Reconciler
 from replication_operator.settings import POLICY_ENV, OperatorConfig, patterns
 
+from replicator import add_version_argument
+
 DEFAULT_PEERING = "stream-replicator"
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_METRICS_PORT = 8081
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(s, default 300), STREAM_REPLICATOR_NATS_TIMEOUT (s, default 5), "
         "STREAM_REPLICATOR_CERTIFICATE_WARNING (duration, default 14d).",
     )
+    add_version_argument(parser)
     scope = parser.add_mutually_exclusive_group(required=True)
     scope.add_argument("-n", "--namespace", dest="namespaces", action="append", metavar="NAMESPACE",
                        help="serve this namespace (repeatable; globs like 'team-*' work)")

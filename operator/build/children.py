@@ -2,7 +2,7 @@
 
 One entry point keeps the reconciler, the image tests and the chart's examples on the same objects:
 the worker config is built (and checked by the worker's own model) first, its hash rolls the pods,
-and each optional kind (PodDisruptionBudget, ServiceMonitor, ScheduledSparkApplication) is either
+and each optional kind (PodDisruptionBudget, ServiceMonitor, NetworkPolicy, ScheduledSparkApplication) is either
 built or named in `absent`, so that turning a feature off deletes what the operator made for it.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from replication_operator.build import spark_application, worker_config, workload
+from replication_operator.build import network_policy, spark_application, worker_config, workload
 from replication_operator.model import images, naming
 from replication_operator.model.spec import ReplicationSpec
 
@@ -68,6 +68,10 @@ def build_children(spec: ReplicationSpec, options: BuildOptions | None = None) -
         objects.append(workload.build_service_monitor(spec))
     else:
         absent.append((naming.SERVICE_MONITOR, naming.service_monitor_name(name)))
+    if spec.network_policy.enabled:
+        objects.append(network_policy.build_network_policy(spec))
+    else:
+        absent.append((naming.NETWORK_POLICY, naming.network_policy_name(name)))
     if spec.fleet_health:
         objects.append(_fleet_health(spec, options))
     else:

@@ -28,6 +28,14 @@ APP_NAME = "stream-replicator"
 ANNOTATION_CONFIG_HASH = f"{GROUP}/config-hash"
 ANNOTATION_LEADER_ELECTION = f"{GROUP}/leader-election"
 KOPF_PREFIX = GROUP
+# Set to "true", reconciliation stops (nothing changed or deleted) until it is removed. Outside
+# KOPF_PREFIX: kopf leaves its own prefix's annotations out of the diff, so no update would fire.
+PAUSED_ANNOTATION = f"control.{GROUP}/paused"
+
+
+def paused(body: Mapping[str, Any]) -> bool:
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(PAUSED_ANNOTATION, "")).strip().lower() == "true"
 FINALIZER = f"{GROUP}/kopf-finalizer"
 
 CONFIG_KEY = "config.yaml"
@@ -73,6 +81,10 @@ def service_name(name: str) -> str:
 
 def pdb_name(name: str) -> str:
     return name
+
+
+def network_policy_name(name: str) -> str:
+    return f"{name}-workers"
 
 
 def service_monitor_name(name: str) -> str:
@@ -139,10 +151,11 @@ SECRET = Kind("", "v1", "Secret", "secrets")
 DEPLOYMENT = Kind("apps", "v1", "Deployment", "deployments")
 PDB = Kind("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SERVICE_MONITOR = Kind("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors")
+NETWORK_POLICY = Kind("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies")
 SCHEDULED_SPARK_APPLICATION = Kind(
     "sparkoperator.k8s.io", "v1beta2", "ScheduledSparkApplication", "scheduledsparkapplications"
 )
-CHILD_KINDS = (CONFIGMAP, SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR, SCHEDULED_SPARK_APPLICATION)
+CHILD_KINDS = (CONFIGMAP, SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR, SCHEDULED_SPARK_APPLICATION, NETWORK_POLICY)
 KINDS_BY_API = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, STREAM_REPLICATION)}
 
 

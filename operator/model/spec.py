@@ -27,6 +27,7 @@ from replication_operator.model.fields import (
 )
 from replication_operator.model.fleet_health import FleetHealth
 from replication_operator.model.native import NativeSettings
+from replication_operator.model.network import NetworkPolicySettings
 from replication_operator.model.pods import Monitoring, Resources, Toleration
 
 from replicator.config.urls import url_options
@@ -365,6 +366,8 @@ class StreamReplicationSpec(Model):
                                    default_factory=Monitoring, schema_default={})
     native: NativeSettings = field("The native engine's readiness bounds.", default_factory=NativeSettings,
                                    schema_default={})
+    network_policy: NetworkPolicySettings = field("An optional NetworkPolicy for the worker pods.",
+                                                  default_factory=NetworkPolicySettings, schema_default={})
 
     @model_validator(mode="after")
     def _workers_need_scaled(self) -> StreamReplicationSpec:

@@ -18,6 +18,10 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 CERTIFICATES_EXPIRING = "CertificatesExpiring"  # only when the resource mounts TLS Secrets
+# kstatus's pair (Flux, kpt, `kubectl wait`): derived from the three above (`kstatus_conditions`).
+RECONCILING = "Reconciling"  # True while the operator is still applying the spec
+STALLED = "Stalled"  # True for a problem that only a change by a person fixes
+PAUSED = "Paused"  # only while the pause annotation is set (naming.PAUSED_ANNOTATION)
 
 # Reasons (CamelCase) and what they mean; docs/operator.md (Status) lists them for users.
 SECRET_MISSING = "SecretMissing"  # a referenced Secret does not exist
@@ -43,6 +47,8 @@ SOURCE_ERROR = "SourceError"  # NATS reports an error for our entry (Ready False
 STOPPING_REPLICATOR = "StoppingReplicator"  # switching to native: waiting for the pods to be gone
 SOURCE_RECREATED = "SourceRecreated"  # condition: the source stream was created again and the entry reset
 REPAIRED = "Repaired"
+PAUSED_BY_ANNOTATION = "PausedByAnnotation"
+RETRYING = "Retrying"  # Stalled False: a problem the operator retries by itself
 CERTIFICATE_EXPIRING = "CertificateExpiring"  # a mounted certificate expires within the warning window
 CERTIFICATE_EXPIRED = "CertificateExpired"
 CERTIFICATE_UNREADABLE = "CertificateUnreadable"  # a TLS Secret's ca.crt or tls.crt is not a PEM certificate
@@ -151,7 +157,7 @@ def conditions_for(
         progressing = _cond(PROGRESSING, True, ROLLING_OUT, updated, generation)
 
     if rollout.desired == 0:
-        ready = _cond(READY, False, SCALED_TO_ZERO, "replicas is 0", generation)
+        ready = _cond(READY, True, SCALED_TO_ZERO, "replicas is 0, as asked", generation)
     elif not rollout.exists:
         ready = _cond(READY, False, CREATING, "the worker Deployment does not exist yet", generation)
     elif rollout.ready >= 1:
@@ -159,6 +165,44 @@ def conditions_for(
     else:
         ready = _cond(READY, False, PODS_NOT_READY, pods, generation)
     return [ready, progressing, degraded]
+
+
+# Problems that stay until a person changes the spec, a Secret, the policy or the cluster: Stalled.
+# The writer adds the policy's and the engine's (layers above this one).
+PERMANENT = frozenset({SECRET_MISSING, SECRET_KEY_MISSING, INVALID_SPEC, NAME_CONFLICT, CRD_MISSING, ROLLOUT_STUCK})
+
+
+def kstatus_conditions(main: Sequence[Mapping[str, Any]], permanent: frozenset[str],
+                       generation: int | None, more: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Reconciling and Stalled, read off Progressing and Degraded (and a True `CopyLoop` among
+    `more`: a worker refuses to copy until the spec changes), so that kstatus (Flux's health checks
+    and `--wait`) fails at once on a permanent problem instead of waiting for Ready."""
+    by_type = {c["type"]: c for c in main}
+    loop = next((c for c in more if c.get("type") == COPY_LOOP and c.get("status") == "True"), None)
+    if loop is not None and by_type.get(DEGRADED, {}).get("status") != "True":
+        by_type[DEGRADED] = loop
+    progressing, degraded = by_type.get(PROGRESSING) or {}, by_type.get(DEGRADED) or {}
+    working = progressing.get("status") == "True"
+    reconciling = _cond(RECONCILING, working, str(progressing.get("reason") or CREATING),
+                        str(progressing.get("message") or ""), generation)
+    if degraded.get("status") == "True" and degraded.get("reason") in permanent and not working:
+        stalled = _cond(STALLED, True, str(degraded["reason"]), str(degraded.get("message") or ""), generation)
+    elif degraded.get("status") == "True":
+        stalled = _cond(STALLED, False, RETRYING, f"{degraded.get('reason')}: the operator retries by itself",
+                        generation)
+    else:
+        stalled = _cond(STALLED, False, HEALTHY, "no problems found", generation)
+    return [reconciling, stalled]
+
+
+def paused_conditions(old: Sequence[Mapping[str, Any]] | None, annotation: str,
+                      now: dt.datetime) -> list[dict[str, Any]]:
+    """The conditions while paused: the last ones seen, kept; Reconciling False; Paused True."""
+    kept = [dict(c) for c in old or [] if c.get("type") not in (RECONCILING, PAUSED)]
+    generation = next((c.get("observedGeneration") for c in kept if c.get("type") == READY), None)
+    why = f"the annotation {annotation} is \"true\": nothing is reconciled until it is removed"
+    return merge_conditions(old, [*kept, _cond(RECONCILING, False, PAUSED_BY_ANNOTATION, why, generation),
+                                  _cond(PAUSED, True, PAUSED_BY_ANNOTATION, why, generation)], now)
 
 
 @dataclass(frozen=True)
@@ -297,15 +341,17 @@ def build_status(
     native: Native | None = None,
     extra_conditions: Sequence[Mapping[str, Any]] = (),
     certificates: Mapping[str, Any] | None = None,
+    permanent: frozenset[str] = PERMANENT,
 ) -> dict[str, Any]:
     """The status fields this operator owns, apart from lag/lastActive/fleet (see `nats_status`).
     `native`: the resource runs on the native engine (no pods); `extra_conditions`: more
     conditions (the engine choice), merged the same way; `certificates`: the
-    `certificate_condition`, if any."""
+    `certificate_condition`, if any; `permanent`: the Degraded reasons that make it Stalled."""
     rollout = rollout_of(deployment, desired_replicas)
     main = conditions_for_native(problems, native, generation) if native else conditions_for(
         problems, rollout, generation)
-    more = [*extra_conditions, *([certificates] if certificates is not None else [])]
+    more = [*kstatus_conditions(main, permanent | {LOOP_REFUSED}, generation, extra_conditions), *extra_conditions,
+            *([certificates] if certificates is not None else [])]
     conditions = merge_conditions((old_status or {}).get("conditions"), [*main, *more], now)
     status: dict[str, Any] = {
         "conditions": conditions,

@@ -11,7 +11,8 @@ from replication_operator.model.fields import Model, field
 class Condition(Model):
     """A metav1.Condition."""
 
-    type: str = field("Condition type: Ready, Progressing, Degraded, Engine or CertificatesExpiring.",
+    type: str = field("Condition type: Ready, Progressing, Degraded, Reconciling, Stalled, Engine, "
+                      "CertificatesExpiring, SourceRecreated or Paused.",
                       maxLength=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                                              r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
     status: Literal["True", "False", "Unknown"] = field("Whether the condition holds.")
@@ -71,8 +72,9 @@ class StreamReplicationStatus(Model):
     observed_generation: int | None = field("The spec generation the status was computed for.", None,
                                             format="int64", minimum=0)
     conditions: list[Condition] | None = field(
-        "Ready, Progressing and Degraded; Engine (which engine runs, and why); CertificatesExpiring when TLS "
-        "Secrets are mounted.", None, **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+        "Ready, Progressing and Degraded; Reconciling and Stalled (kstatus: Flux); Engine (which engine runs, "
+        "and why); CertificatesExpiring when TLS Secrets are mounted; Paused while paused by annotation.", None,
+        **{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     replicas: int | None = field("Worker pods that exist (the scale subresource's status replicas).", None,
                                  format="int32")
     ready_replicas: int | None = field("Worker pods that are ready.", None, format="int32")

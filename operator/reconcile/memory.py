@@ -59,6 +59,7 @@ class Memory:
     fleet_sites: tuple[dict[str, Any], ...] = ()  # the last fleet summary's site rows (metrics only)
     copy_loop: str | None = None  # the workers' loop notes on their consumer (None: never any)
     engine: EngineMemory = field(default_factory=EngineMemory)
+    paused: bool | None = None  # the pause annotation at the last pass (None: no pass yet)
 
     def current_status(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The status as this process last wrote it, else as the resource carries it."""

@@ -97,6 +97,16 @@ class Reconciler:
             return await self._reconcile(body, memory, cause)
 
     async def _reconcile(self, body: Mapping[str, Any], memory: Memory, cause: str) -> Outcome:
+        if naming.paused(body):  # nothing built, applied, switched or deleted; the status says so
+            if memory.paused is not True:
+                self.events.post(body, "Normal", st.PAUSED_BY_ANNOTATION,
+                                 f"reconciliation paused by {naming.PAUSED_ANNOTATION}")
+            memory.paused = True
+            await self.status.write_paused(body, memory)
+            return Outcome(memory.problems)
+        if memory.paused:
+            self.events.post(body, "Normal", "Resumed", f"{naming.PAUSED_ANNOTATION} removed: reconciling again")
+        memory.paused = False
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         generation = meta.get("generation")
@@ -194,8 +204,8 @@ class Reconciler:
         if owner_uid not in self.memory:
             return  # not reconciled by this process yet: its resume handler will cover it
         owner = await self._owner(meta["namespace"], owner_name)
-        if owner is None or owner["metadata"]["uid"] != owner_uid:
-            return
+        if owner is None or owner["metadata"]["uid"] != owner_uid or naming.paused(owner):
+            return  # gone, or paused: a deleted or edited child stays as it is
         if drifted or handover:
             await self.reconcile(owner, cause="drift")
         else:
@@ -207,6 +217,9 @@ class Reconciler:
         """The timer: re-check problems and resync now and then, then read NATS."""
         uid = body["metadata"]["uid"]
         memory = self._memory(uid)
+        if naming.paused(body) or memory.paused:  # the pass writes the paused status, or resumes
+            await self.reconcile(body, cause="resync")
+            return
         stale = time.monotonic() - memory.last_full >= self.config.resync_interval
         fixable = any(p.reason != st.INVALID_SPEC for p in memory.problems)
         if stale or fixable or memory.engine.awaiting_pods:

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from replication_operator.checks import policy
 from replication_operator.checks.certificates import certificate_event
 from replication_operator.engine import choice as engine
 from replication_operator.kube import APIError, APINotFoundError, KubeApi, error_text
@@ -20,6 +21,10 @@ from replication_operator.reconcile.events import Events
 from replication_operator.reconcile.memory import Memory, asked
 
 log = logging.getLogger("replication_operator")
+
+# Degraded reasons that only a person fixes (Stalled True): the model's, the policy's, the engine's.
+PERMANENT = st.PERMANENT | policy.REASONS | {engine.NATIVE_UNSUPPORTED, engine.NATIVE_WOULD_REPEAT,
+                                             engine.TARGET_STREAM_MISSING}
 
 
 class StatusWriter:
@@ -57,6 +62,7 @@ class StatusWriter:
             native=running.native_view,
             extra_conditions=extra,
             certificates=certificates,
+            permanent=PERMANENT,
         )
         if running.native_view is not None:
             new.update(running.native_fields)
@@ -64,6 +70,15 @@ class StatusWriter:
         if event is not None:
             self.events.post(body, *event)
         await self.update(body, memory, new)
+
+    async def write_paused(self, body: Mapping[str, Any], memory: Memory) -> None:
+        """Paused by annotation: the last conditions stay, Reconciling False and Paused True; the
+        observedGeneration stays that of the last pass (a later spec is not applied)."""
+        old = memory.current_status(body)
+        conditions = st.paused_conditions(old.get("conditions"), naming.PAUSED_ANNOTATION, self.clock())
+        if [(c["type"], c["status"]) for c in conditions] != [
+                (c.get("type"), c.get("status")) for c in old.get("conditions") or []]:
+            await self.update(body, memory, {"conditions": conditions})
 
     async def update(self, body: Mapping[str, Any], memory: Memory, fields: Mapping[str, Any]) -> None:
         """Write these top-level fields where they differ; a failed write is logged and tried again

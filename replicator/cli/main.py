@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from replicator import add_version_argument
 from replicator.cli.common import EXIT_CONFIG
 from replicator.config.errors import ConfigError
 from replicator.transport.websockets import import_nats_without_websockets
@@ -47,6 +48,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="stream-replicator",
         description="Replicate NATS JetStream streams, with sampling, advisories and fleet health.",
     )
+    add_version_argument(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command, (_module, help_text) in COMMANDS.items():
         p = sub.add_parser(command, help=help_text)
@@ -74,7 +76,7 @@ def _normalise(argv: list[str]) -> list[str]:
     debug = False
     while argv and argv[0] == DEBUG_FLAG:
         argv, debug = argv[1:], True
-    if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
+    if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run", *argv]
     if debug and argv and argv[0] in ("run", "replicate"):
         argv = [argv[0], DEBUG_FLAG, *argv[1:]]

@@ -31,6 +31,7 @@ EXPECTED_NAMESPACED: dict[tuple[str, str], frozenset[str]] = {
     ("apps", "deployments"): CHILDREN,
     ("policy", "poddisruptionbudgets"): CHILDREN,
     ("monitoring.coreos.com", "servicemonitors"): CHILDREN,
+    ("networking.k8s.io", "networkpolicies"): CHILDREN,
     ("sparkoperator.k8s.io", "scheduledsparkapplications"): CHILDREN,
     ("", "secrets"): frozenset({"get"}),
     ("", "events"): frozenset({"create"}),

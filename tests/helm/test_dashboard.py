@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -39,8 +41,13 @@ KEYWORDS = {
     "offset",
 }
 IDENT = r"[A-Za-z_:][A-Za-z0-9_:]*"
-FILTERS = {"worker": ('name=~"$name"', 'worker=~"$worker"'),
-           "operator": ('namespace=~"$namespace"', 'streamreplication=~"$streamreplication"')}
+FILTERS = {"worker": ('cluster=~"$cluster"', 'namespace=~"$namespace"', 'name=~"$name"', 'worker=~"$worker"'),
+           "operator": ('cluster=~"$cluster"', 'namespace=~"$namespace"', 'streamreplication=~"$streamreplication"')}
+# Labels the scrape adds, not the exposition: `namespace` (the pod's, from the ServiceMonitor's or
+# kubernetes_sd's target labels; the operator's own series carry it with honorLabels) and `cluster`
+# (the external label of each cluster's Prometheus, in the Thanos/Mimir/federation a fleet of clusters
+# is read through; `cluster=~".*"` also matches a series without it).
+SCRAPE_LABELS = {"namespace", "cluster"}
 
 
 def _samples(text: str) -> dict[str, set[str]]:
@@ -171,7 +178,7 @@ def test_every_queried_metric_is_exported_with_its_labels() -> None:
         assert names, f"no metric in {expr!r}"
         for name in names:
             assert name in exported, f"{name} (in {expr!r}) is not exported by the worker"
-            labels = exported[name]
+            labels = exported[name] | SCRAPE_LABELS
             assert matcher_labels(expr) <= labels, expr
             assert grouping_labels(expr) <= labels, expr
         # Every series is filtered by the dashboard's variables: the worker's or the operator's.
@@ -200,7 +207,7 @@ def test_every_exported_metric_is_on_the_dashboard() -> None:
 def test_variables_query_exported_labels() -> None:
     exported = exposition()
     dashboard = load()
-    for name in ("name", "worker", "namespace", "streamreplication"):
+    for name in ("cluster", "namespace", "name", "worker", "streamreplication"):
         var = variable(dashboard, name)
         assert var["type"] == "query"
         assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
@@ -209,10 +216,38 @@ def test_variables_query_exported_labels() -> None:
         assert match, query
         metric, _, label = match.groups()
         assert label == name
-        assert metric in exported and label in exported[metric]
-        assert var["multi"] and var["includeAll"]
+        assert metric in exported and label in exported[metric] | SCRAPE_LABELS
+        assert var["multi"] and var["includeAll"] and var["allValue"] == ".*"
+    order = [v["name"] for v in dashboard["templating"]["list"]]
+    assert order == ["datasource", "cluster", "namespace", "name", "worker", "streamreplication"]
     datasource = variable(dashboard, "datasource")
     assert datasource["type"] == "datasource" and datasource["query"] == "prometheus"
+
+
+def test_series_of_one_name_in_two_namespaces_or_clusters_stay_apart() -> None:
+    """Every city is told to use the same `name`: a panel that aggregates by name keeps the
+    namespace and the cluster, so their series do not merge."""
+    for expr in (t["expr"] for t in targets(load())):
+        for group in re.findall(r"\bby\s*\(([^)]*)\)", expr):
+            labels = {label.strip() for label in group.split(",")}
+            if labels & {"name", "streamreplication"}:
+                assert {"cluster", "namespace"} <= labels, expr
+
+
+def test_every_expression_is_valid_promql(tmp_path: Path) -> None:
+    """`promtool check rules` parses each query, the variables replaced as Grafana does."""
+    binary = shutil.which("promtool")
+    assert binary, "promtool not found: install the Debian package prometheus (.ci/run does)"
+    rules = []
+    for i, target in enumerate(targets(load())):
+        expr = target["expr"].replace("$__rate_interval", "5m")
+        expr = re.sub(r"\$(" + IDENT + r")", ".*", expr)
+        rules.append({"record": f"dashboard:query_{i}", "expr": expr})
+    path = tmp_path / "dashboard.rules.yaml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run([binary, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
 
 
 def test_dashboard_structure() -> None:

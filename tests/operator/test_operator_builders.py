@@ -333,6 +333,7 @@ def test_optional_children_are_listed_as_absent_when_off() -> None:
     assert absent == {
         ("PodDisruptionBudget", "cmdb-city1"),
         ("ServiceMonitor", "cmdb-city1"),
+        ("NetworkPolicy", "cmdb-city1-workers"),
         ("ScheduledSparkApplication", "cmdb-city1-fleet-health"),
     }
 

@@ -51,7 +51,8 @@ def test_no_tls_secret_no_condition() -> None:
     assert st.certificate_condition([], NOW, WINDOW, 1) is None
     status = st.build_status(name="x", generation=1, problems=[], deployment=None, desired_replicas=1,
                              old_status=None, now=NOW)
-    assert [c["type"] for c in status["conditions"]] == [st.READY, st.PROGRESSING, st.DEGRADED]
+    assert [c["type"] for c in status["conditions"]] == [st.READY, st.PROGRESSING, st.DEGRADED, st.RECONCILING,
+                                                       st.STALLED]
 
 
 def test_schedule_intervals() -> None:

@@ -66,6 +66,7 @@ def _resource() -> dict[str, Any]:
         resource["metadata"].pop(key)
     spec = resource["spec"]
     spec["source"]["url"] = spec["target"]["url"] = "nats://127.0.0.1:1"
+    spec["networkPolicy"] = {"enabled": True}
     assert spec["replicas"] > 1 and spec["fleetHealth"] and spec["monitoring"]["serviceMonitor"]["enabled"]
     assert spec["source"]["credentialsSecret"]["name"] in SECRETS
     return resource
@@ -82,6 +83,7 @@ def _condition(api: Api, kind: str, name: str = NAME) -> dict[str, Any]:
 OPTIONAL = (
     (naming.PDB, naming.pdb_name(NAME)),
     (naming.SERVICE_MONITOR, naming.service_monitor_name(NAME)),
+    (naming.NETWORK_POLICY, naming.network_policy_name(NAME)),
     (naming.SCHEDULED_SPARK_APPLICATION, naming.fleet_health_name(NAME)),
 )
 ALWAYS = (
@@ -128,7 +130,8 @@ async def _lifecycle(api: Api) -> None:
         naming.STREAM_REPLICATION,
         NS,
         NAME,
-        {"spec": {"replicas": 1, "fleetHealth": None, "monitoring": {"serviceMonitor": {"enabled": False}}}},
+        {"spec": {"replicas": 1, "fleetHealth": None, "monitoring": {"serviceMonitor": {"enabled": False}},
+                  "networkPolicy": {"enabled": False}}},
     )
     for kind, name in OPTIONAL:
         await wait_for(lambda kind=kind, name=name: api.get(kind, NS, name) is None)

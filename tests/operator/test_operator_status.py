@@ -101,7 +101,7 @@ def test_pods_lost_after_a_complete_rollout() -> None:
 
 def test_scaled_to_zero() -> None:
     conds = _by_type(st.conditions_for([], st.rollout_of(_deployment(replicas=0, ready=0, updated=0), 0), 4))
-    assert conds["Ready"] == ("False", "ScaledToZero")
+    assert conds["Ready"] == ("True", "ScaledToZero")
     assert conds["Progressing"] == ("False", "RolloutComplete")
 
 

@@ -72,6 +72,7 @@ RESOURCES: list[tuple[str, str, bool, set[str]]] = [
     ("apps/v1/deployments", "Deployment", True, {"status", "scale"}),
     ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget", True, {"status"}),
     ("monitoring.coreos.com/v1/servicemonitors", "ServiceMonitor", True, set()),
+    ("networking.k8s.io/v1/networkpolicies", "NetworkPolicy", True, set()),
     ("sparkoperator.k8s.io/v1beta2/scheduledsparkapplications", "ScheduledSparkApplication", True,
      {"status"}),
     ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, {"status"}),

@@ -57,6 +57,9 @@ namespaced:
   - apiGroups: ["policy"]
     resources: ["poddisruptionbudgets"]
     verbs: {{ $children | toJson }}
+  - apiGroups: ["networking.k8s.io"]
+    resources: ["networkpolicies"]
+    verbs: {{ $children | toJson }}
   - apiGroups: ["monitoring.coreos.com"]
     resources: ["servicemonitors"]
     verbs: {{ $children | toJson }}

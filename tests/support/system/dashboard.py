@@ -3,7 +3,7 @@
 Template variables are resolved as Grafana resolves them: each `label_values(<series>, <label>)`
 variable is asked of Prometheus (its series API), in the dashboard's order so later ones see the
 earlier ones' values, and set to the values that exist (a regex alternation, as Grafana's multi-value
-`=~` does); `$__rate_interval` is four scrape intervals, Grafana's floor for it.
+`=~` does), or to its `allValue` when none exist; `$__rate_interval` is four scrape intervals, Grafana's floor for it.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def variables(dashboard: dict[str, Any], prometheus: Prometheus, rate_interval: 
         found = sorted({s.get(match["label"], "") for s in prometheus.api("series", **{"match[]": series})} - {""})
         # A regex in a PromQL string: regex metacharacters escaped, the backslashes escaped again.
         escaped = (re.escape(v).replace("\\", "\\\\") for v in found)
-        values[variable["name"]] = "|".join(escaped) if found else "__none__"
+        # None found: Grafana's "All" sends the variable's allValue (`.*` also matches a series without
+        # the label, as `cluster` is absent from a Prometheus with no external labels).
+        values[variable["name"]] = "|".join(escaped) if found else variable.get("allValue") or "__none__"
     return values
 
 
