@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from croniter import croniter
+from replication_operator.build import pod_template
 from replication_operator.model import images
 from replication_operator.model.fleet_health import Driver, Executor, FleetHealth
 from replication_operator.model.spec import Endpoint, ReplicationSpec, SpecError
@@ -226,6 +227,10 @@ def build_scheduled_spark_application(
     driver = _pod(fleet.driver, DRIVER_DEFAULTS, labels, secrets, env)
     driver["serviceAccount"] = fleet.service_account or DEFAULT_SERVICE_ACCOUNT
     executor = _pod(fleet.executor, EXECUTOR_DEFAULTS, labels, secrets, env)
+    shape = fleet.template
+    if shape is not None:
+        for spark_pod in (driver, executor):
+            pod_template.apply_spark(shape.pod, shape.container, spark_pod)
 
     template: dict[str, Any] = {
         "type": "Python",
@@ -246,6 +251,8 @@ def build_scheduled_spark_application(
         "driver": driver,
         "executor": executor,
     }
+    if shape is not None and (pull := pod_template.spark_pull_secrets(shape.pod)):
+        template["imagePullSecrets"] = pull
     if packages:
         template["deps"] = {"packages": packages}
     spark_conf = {"spark.jars.ivy": IVY_DIR} if packages else {}

@@ -12,11 +12,25 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from replication_operator.build import worker_config
+from replication_operator.build import pod_template, worker_config
 from replication_operator.model import naming
 from replication_operator.model.spec import ReplicationSpec, Side
 
 RUN_AS = 10001  # the image's `replicator` user and group (Dockerfile)
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 DEFAULT_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
     "limits": {"memory": "512Mi"},
@@ -65,8 +79,9 @@ def _secret_volumes(spec: ReplicationSpec) -> tuple[list[dict[str, Any]], list[d
 
 
 def _resources(spec: ReplicationSpec) -> dict[str, Any]:
-    """The spec's container resources as it gives them, else ours."""
-    given = spec.resources.model_dump(by_alias=True, exclude_unset=True) if spec.resources else None
+    """The template's container resources, else the spec's, as given; else ours."""
+    chosen = (spec.template and spec.template.container and spec.template.container.resources) or spec.resources
+    given = chosen.model_dump(by_alias=True, exclude_unset=True) if chosen else None
     return given or copy.deepcopy(DEFAULT_RESOURCES)
 
 
@@ -103,13 +118,7 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
             "timeoutSeconds": 2,
         },
         "resources": _resources(spec),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [
             {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
@@ -129,13 +138,7 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": copy.deepcopy(POD_SECURITY),
         "containers": [container],
         "volumes": [
             {"name": "config", "configMap": {"name": naming.configmap_name(name)}},
@@ -152,6 +155,10 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_unset=True) for t in spec.tolerations]
     if spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(spec.affinity)
+    labels = naming.labels(name)
+    if spec.template:
+        labels = pod_template.apply(spec.template.pod, spec.template.container, pod_spec, container, labels,
+                                    annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -162,7 +169,7 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
             "selector": {"matchLabels": naming.selector_labels(name)},
             "strategy": _strategy(spec),
             "template": {
-                "metadata": {"labels": naming.labels(name), "annotations": annotations},
+                "metadata": {"labels": labels, "annotations": annotations},
                 "spec": pod_spec,
             },
         },
@@ -218,7 +225,8 @@ def build_pdb(spec: ReplicationSpec) -> dict[str, Any]:
         "kind": "PodDisruptionBudget",
         "metadata": _meta(spec, naming.pdb_name(spec.resource_name)),
         "spec": {
-            "maxUnavailable": 1,
+            **(spec.template.pod_disruption_budget.limit() if spec.template and spec.template.pod_disruption_budget
+               else {"maxUnavailable": 1}),
             "selector": {"matchLabels": naming.selector_labels(spec.resource_name)},
         },
     }

@@ -23,6 +23,8 @@ from replication_operator.model import status as st
 from replication_operator.model.spec import Endpoint, ReplicationSpec, Side
 from replication_operator.nats import connection
 
+PULL_SECRET_KEY = ".dockerconfigjson"  # a kubernetes.io/dockerconfigjson Secret's one key
+OPTIONAL = ""  # an optional env secretKeyRef: the Secret's labels are checked, its keys are not
 SecretCheck = tuple[list[st.Problem], dict[str, frozenset[str]], list[st.MountedCertificate]]
 
 
@@ -31,7 +33,7 @@ class SecretNeed:
     """A Secret the pods mount: one key of it (credentials, user name, password, S3), or (`key` None) a
     TLS Secret checked by `tls_problem`."""
 
-    side: Side | Literal["fleetHealth"]
+    side: Side | Literal["fleetHealth", "template"]
     secret: str
     key: str | None
 
@@ -54,6 +56,16 @@ def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
         for key in (s3.access_key_id_key, s3.secret_access_key_key, s3.session_token_key):
             if key:
                 needs.append(SecretNeed("fleetHealth", s3.name, key))
+    for where, shape in (("template", spec.template), ("fleetHealth", fleet.template if fleet else None)):
+        if shape is None:
+            continue
+        for ref in shape.pod.image_pull_secrets if shape.pod else []:
+            needs.append(SecretNeed(where, ref.name, PULL_SECRET_KEY))
+        for var in shape.container.env if shape.container else []:
+            if var.value_from and var.value_from.secret_key_ref and not var.value_from.secret_key_ref.optional:
+                needs.append(SecretNeed(where, var.value_from.secret_key_ref.name, var.value_from.secret_key_ref.key))
+            elif var.value_from and var.value_from.secret_key_ref:  # optional: the label rule still holds
+                needs.append(SecretNeed(where, var.value_from.secret_key_ref.name, OPTIONAL))
     return needs
 
 
@@ -107,6 +119,8 @@ def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], m
     for need in needs:
         wanted.setdefault(need.secret, []).append(need.key)
     for name, wanted_keys in wanted.items():
+        if name in missing and all(k == OPTIONAL for k in wanted_keys):
+            continue  # an optional env secretKeyRef: the pod starts without it
         if name in missing:
             named = [f'"{k}"' for k in dict.fromkeys(wanted_keys) if k is not None]
             what = (f" (key {named[0]})" if len(named) == 1 else f" (keys {', '.join(named)})" if named
@@ -114,6 +128,8 @@ def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], m
             problems.append(st.Problem(st.SECRET_MISSING, f'secret "{name}"{what} {missing[name]}'))
             continue
         for key in dict.fromkeys(wanted_keys):
+            if key == OPTIONAL:
+                continue
             if key is not None and key not in keys[name]:
                 problems.append(st.Problem(
                     st.SECRET_KEY_MISSING, f'secret "{name}" has no key "{key}" in namespace "{ns}"'))

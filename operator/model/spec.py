@@ -28,6 +28,7 @@ from replication_operator.model.fields import (
 from replication_operator.model.fleet_health import FleetHealth
 from replication_operator.model.native import NativeSettings
 from replication_operator.model.pods import Monitoring, Resources, Toleration
+from replication_operator.model.template import WorkerTemplate
 
 from replicator.config.urls import url_options
 
@@ -345,6 +346,9 @@ class StreamReplicationSpec(Model):
     service_account_name: str | None = name_field(
         "Service account the worker pods run as (the tenancy policy must allow it); default the namespace's "
         "default account, with no API token mounted.", None)
+    template: WorkerTemplate | None = field(
+        "Shapes the worker pods, their container and PodDisruptionBudget (image pull Secrets, priority, "
+        "spreading, labels, env, securityContext); docs/operator.md#pod-templates.", None)
     monitoring: Monitoring = field("The workers' metrics endpoint and how Prometheus finds it.",
                                    default_factory=Monitoring, schema_default={})
     native: NativeSettings = field("The native engine's readiness bounds.", default_factory=NativeSettings,
