@@ -40,6 +40,7 @@ DEFAULT_SERVICE_ACCOUNT = "spark-operator-spark"
 CREDENTIALS_DIR = "/etc/stream-replicator/nats"
 BASIC_AUTH_DIR = "/etc/stream-replicator/nats-basic-auth"
 TLS_DIR = "/etc/stream-replicator/tls"
+NKEY_DIR = "/etc/stream-replicator/nats-nkey"
 TLS_FILES = (("ca.crt", "--tls-ca"), ("tls.crt", "--tls-cert"), ("tls.key", "--tls-key"))
 # The Hadoop that PySpark (and so the Spark image) bundles: pyspark/jars/hadoop-client-api-<version>.jar.
 # hadoop-aws must be exactly this version; a test keeps the two equal.
@@ -123,6 +124,12 @@ def _nats_files(
         arguments += ["--user-file", f"{BASIC_AUTH_DIR}/{basic.username_key}",
                       "--password-file", f"{BASIC_AUTH_DIR}/{basic.password_key}"]
         secrets.append({"name": basic.name, "path": BASIC_AUTH_DIR, "secretType": "Generic"})
+    if cluster.nkey_secret:
+        arguments += ["--nkey-seed", f"{NKEY_DIR}/{cluster.nkey_secret.key}"]
+        secrets.append({"name": cluster.nkey_secret.name, "path": NKEY_DIR, "secretType": "Generic"})
+    if cluster.token_secret:
+        raise SpecError("spec.fleetHealth: the fleet-health job cannot authenticate with a tokenSecret yet; give the "
+                        "advisory cluster a credentialsSecret, basicAuthSecret or nkeySecret")
     tls_secret = cluster.tls_secret
     if tls_secret:
         keys = (tls_keys or {}).get(tls_secret, [k for k, _ in TLS_FILES])

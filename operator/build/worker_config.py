@@ -38,6 +38,14 @@ def basic_auth_dir(side: Side) -> str:
     return f"{naming.SECRETS_DIR}/{side}-basic-auth"
 
 
+def token_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-token"
+
+
+def nkey_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-nkey"
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """The config as the worker's model reads it (`model`) and as the ConfigMap carries it (`text`)."""
@@ -61,6 +69,10 @@ def connection_files(spec: ReplicationSpec, side: Side, keys: Collection[str]) -
         ref = endpoint.basic_auth_secret
         files["user_file"] = f"{basic_auth_dir(side)}/{ref.username_key}"
         files["password_file"] = f"{basic_auth_dir(side)}/{ref.password_key}"
+    if endpoint.token_secret:
+        files["token_file"] = f"{token_dir(side)}/{endpoint.token_secret.key}"
+    if endpoint.nkey_secret:
+        files["nkey_file"] = f"{nkey_dir(side)}/{endpoint.nkey_secret.key}"
     if endpoint.tls_secret:
         base = tls_dir(side)
         tls: dict[str, str] = {"scheme": "manual"}

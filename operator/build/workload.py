@@ -73,6 +73,10 @@ def _secret_volumes(spec: ReplicationSpec) -> tuple[list[dict[str, Any]], list[d
         if endpoint.basic_auth_secret:
             mount(side, "basic-auth", endpoint.basic_auth_secret.name, worker_config.basic_auth_dir(side),
                   list(endpoint.basic_auth_secret.keys))
+        if endpoint.token_secret:
+            mount(side, "token", endpoint.token_secret.name, worker_config.token_dir(side), [endpoint.token_secret.key])
+        if endpoint.nkey_secret:
+            mount(side, "nkey", endpoint.nkey_secret.name, worker_config.nkey_dir(side), [endpoint.nkey_secret.key])
         if endpoint.tls_secret:
             mount(side, "tls", endpoint.tls_secret, worker_config.tls_dir(side))
     return volumes, mounts

@@ -48,6 +48,9 @@ def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
         if endpoint.basic_auth_secret:
             ref = endpoint.basic_auth_secret
             needs += [SecretNeed(side, ref.name, key) for key in ref.keys]
+        for ref in (endpoint.token_secret, endpoint.nkey_secret):
+            if ref is not None:
+                needs.append(SecretNeed(side, ref.name, ref.key))
         if endpoint.tls_secret:
             needs.append(SecretNeed(side, endpoint.tls_secret, None))
     fleet = spec.fleet_health
