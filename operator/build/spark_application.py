@@ -132,12 +132,14 @@ def _nats_files(
                         "advisory cluster a credentialsSecret, basicAuthSecret or nkeySecret")
     tls_secret = cluster.tls_secret
     if tls_secret:
-        keys = (tls_keys or {}).get(tls_secret, [k for k, _ in TLS_FILES])
-        present = {k for k, _ in TLS_FILES if k in keys}
-        if "tls.crt" not in present or "tls.key" not in present:  # as the workers: a pair or nothing
-            present -= {"tls.crt", "tls.key"}
+        files = tuple(zip(cluster.tls_names, (flag for _, flag in TLS_FILES), strict=True))
+        keys = (tls_keys or {}).get(tls_secret, cluster.tls_names)
+        present = {k for k, _ in files if k in keys}
+        _, cert, key_name = cluster.tls_names
+        if cert not in present or key_name not in present:  # as the workers: a pair or nothing
+            present -= {cert, key_name}
         arguments += ["--tls-scheme", "manual"]
-        for key, flag in TLS_FILES:
+        for key, flag in files:
             if key in present:
                 arguments += [flag, f"{TLS_DIR}/{key}"]
         secrets.append({"name": tls_secret, "path": TLS_DIR, "secretType": "Generic"})

@@ -76,11 +76,12 @@ def connection_files(spec: ReplicationSpec, side: Side, keys: Collection[str]) -
     if endpoint.tls_secret:
         base = tls_dir(side)
         tls: dict[str, str] = {"scheme": "manual"}
-        if TLS_CA in keys:
-            tls["ca"] = f"{base}/{TLS_CA}"
-        if TLS_CERT in keys and TLS_KEY in keys:
-            tls["cert"] = f"{base}/{TLS_CERT}"
-            tls["key"] = f"{base}/{TLS_KEY}"
+        ca, cert, key = endpoint.tls_names
+        if ca in keys:
+            tls["ca"] = f"{base}/{ca}"
+        if cert in keys and key in keys:
+            tls["cert"] = f"{base}/{cert}"
+            tls["key"] = f"{base}/{key}"
         files["tls"] = tls
     return files
 
@@ -143,7 +144,7 @@ def _topic(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]], resum
         topic["advisory"] = advisory
 
     for side in SIDES:
-        keys = tls_keys.get(spec.endpoint(side).tls_secret or "", ALL_TLS_KEYS)
+        keys = tls_keys.get(spec.endpoint(side).tls_secret or "", spec.endpoint(side).tls_names)
         topic.update({f"{side}_{k}": v for k, v in connection_files(spec, side, keys).items()})
     return topic
 
@@ -154,7 +155,7 @@ def _heartbeats(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]]) 
     assert hb is not None
     side = hb.cluster
     election = hb.leader_election if hb.leader_election is not None else spec.replicas > 1
-    keys = tls_keys.get(spec.endpoint(side).tls_secret or "", ALL_TLS_KEYS)
+    keys = tls_keys.get(spec.endpoint(side).tls_secret or "", spec.endpoint(side).tls_names)
     return {
         "url": spec.endpoint(side).url,
         "interval": hb.interval,

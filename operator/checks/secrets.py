@@ -36,6 +36,7 @@ class SecretNeed:
     side: Side | Literal["fleetHealth", "template"]
     secret: str
     key: str | None
+    tls_names: tuple[str, str, str] = ("ca.crt", "tls.crt", "tls.key")  # a TLS Secret's (CA, cert, key)
 
 
 def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
@@ -52,7 +53,7 @@ def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
             if ref is not None:
                 needs.append(SecretNeed(side, ref.name, ref.key))
         if endpoint.tls_secret:
-            needs.append(SecretNeed(side, endpoint.tls_secret, None))
+            needs.append(SecretNeed(side, endpoint.tls_secret, None, endpoint.tls_names))
     fleet = spec.fleet_health
     s3 = fleet.s3.credentials_secret if fleet and fleet.s3 else None
     if s3 is not None:  # the Spark pods take the S3 key pair from it (env)
@@ -72,14 +73,16 @@ def secret_needs(spec: ReplicationSpec) -> list[SecretNeed]:
     return needs
 
 
-def tls_problem(keys: Collection[str]) -> str | None:
-    """What a TLS Secret lacks: it needs ca.crt, or tls.crt with tls.key, or all three."""
-    has_ca = "ca.crt" in keys
-    has_cert, has_key = "tls.crt" in keys, "tls.key" in keys
+def tls_problem(keys: Collection[str], names: tuple[str, str, str] = ("ca.crt", "tls.crt", "tls.key")) -> str | None:
+    """What a TLS Secret lacks: it needs the CA (`ca.crt`), or the certificate with its key
+    (`tls.crt`, `tls.key`), or all three; `names` are the Secret's key names for them."""
+    ca, cert, key = names
+    has_ca = ca in keys
+    has_cert, has_key = cert in keys, key in keys
     if has_cert != has_key:
-        return 'key "tls.key"' if has_cert else 'key "tls.crt"'
+        return f'key "{key}"' if has_cert else f'key "{cert}"'
     if not has_ca and not has_cert:
-        return 'keys "ca.crt" or "tls.crt"/"tls.key"'
+        return f'keys "{ca}" or "{cert}"/"{key}"'
     return None
 
 
@@ -93,7 +96,7 @@ async def check_secrets(api: KubeApi, rules: policy.Policy, spec: ReplicationSpe
     missing: dict[str, str] = {}  # Secret name -> why it is unusable
     ns = spec.namespace
     needs = secret_needs(spec)
-    tls = {need.secret for need in needs if need.key is None}
+    tls = {need.secret: need.tls_names for need in needs if need.key is None}
     for name in dict.fromkeys(need.secret for need in needs):
         try:
             secret = await api.get(naming.SECRET, ns, name)
@@ -103,7 +106,7 @@ async def check_secrets(api: KubeApi, rules: policy.Policy, spec: ReplicationSpe
                 labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
                 keys[name] = frozenset((secret.get("data") or {}).keys())
                 if name in tls:
-                    held[name] = secret_certificates(name, secret)
+                    held[name] = secret_certificates(name, secret, tls[name][:2])
         except APIError as err:
             missing[name] = f'cannot be read in namespace "{ns}": {error_text(err)}'
     problems = [st.Problem(v.reason, v.message) for v in policy.secret_violations(rules, ns, labels)]
@@ -119,8 +122,11 @@ def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], m
     per missing key, and what a TLS Secret lacks."""
     problems: list[st.Problem] = []
     wanted: dict[str, list[str | None]] = {}
+    tls_names: dict[str, tuple[str, str, str]] = {}
     for need in needs:
         wanted.setdefault(need.secret, []).append(need.key)
+        if need.key is None:
+            tls_names[need.secret] = need.tls_names
     for name, wanted_keys in wanted.items():
         if name in missing and all(k == OPTIONAL for k in wanted_keys):
             continue  # an optional env secretKeyRef: the pod starts without it
@@ -136,7 +142,7 @@ def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], m
             if key is not None and key not in keys[name]:
                 problems.append(st.Problem(
                     st.SECRET_KEY_MISSING, f'secret "{name}" has no key "{key}" in namespace "{ns}"'))
-            elif key is None and (lack := tls_problem(keys[name])):
+            elif key is None and (lack := tls_problem(keys[name], tls_names[name])):
                 problems.append(st.Problem(
                     st.SECRET_KEY_MISSING, f'TLS secret "{name}" lacks {lack} in namespace "{ns}"'))
     return problems

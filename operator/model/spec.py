@@ -59,6 +59,14 @@ class NkeySecretRef(Model):
     key: str = key_field("Key of the user nkey seed (`SU...`) in the Secret.", "nkey.seed")
 
 
+class TlsKeys(Model):
+    """The key names inside a TLS Secret: cert-manager's by default; another issuer's can be named."""
+
+    ca: str = key_field("Key of the CA bundle that verifies the server.", "ca.crt")
+    cert: str = key_field("Key of the client certificate (with its chain).", "tls.crt")
+    key: str = key_field("Key of the client certificate's private key.", "tls.key")
+
+
 class BasicAuthRef(Model):
     """A user name and password in one Secret (the keys of a `kubernetes.io/basic-auth` Secret)."""
 
@@ -107,7 +115,16 @@ class Endpoint(Model):
         "Secret holding a user nkey seed (nkey authentication, no JWT): the pods sign the server's nonce with it; "
         "the seed stays out of the URL and the worker's ConfigMap.", None)
     tls_secret: str | None = name_field(
-        "Secret with `ca.crt` and/or `tls.crt` + `tls.key` (a kubernetes.io/tls Secret works).", None)
+        "Secret with `ca.crt` and/or `tls.crt` + `tls.key` (a kubernetes.io/tls Secret works; other key names "
+        "through tlsKeys).", None)
+    tls_keys: TlsKeys | None = field(
+        "Key names inside tlsSecret when they are not cert-manager's `ca.crt`, `tls.crt`, `tls.key`.", None)
+
+    @property
+    def tls_names(self) -> tuple[str, str, str]:
+        """(CA, certificate, key) names inside the TLS Secret."""
+        keys = self.tls_keys or TlsKeys()
+        return keys.ca, keys.cert, keys.key
 
     @property
     def secrets(self) -> list[str]:

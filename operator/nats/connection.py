@@ -18,7 +18,7 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client
-from replication_operator.model.spec import TLS_CA, TLS_CERT, TLS_KEY, Endpoint
+from replication_operator.model.spec import Endpoint
 
 from replicator.config import redact_url
 from replicator.transport.errors import NATS_ERRORS
@@ -92,9 +92,10 @@ def auth_from_secrets(endpoint: Endpoint, secrets: Mapping[str, Mapping[str, byt
             if single[role] is None:  # checked before, but the Secret may have changed since
                 raise NatsStatusError(f'secret "{ref.name}" has no key "{ref.key}"')
     tls: Mapping[str, bytes] = secrets.get(endpoint.tls_secret, {}) if endpoint.tls_secret else {}
-    for role, key in (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)):
-        names[role] = f'secret "{endpoint.tls_secret}" key "{key}"'
-    return Auth(credentials=creds, ca=tls.get(TLS_CA), cert=tls.get(TLS_CERT), key=tls.get(TLS_KEY), names=names,
+    ca, cert, key = endpoint.tls_names
+    for role, name in (("ca", ca), ("cert", cert), ("key", key)):
+        names[role] = f'secret "{endpoint.tls_secret}" key "{name}"'
+    return Auth(credentials=creds, ca=tls.get(ca), cert=tls.get(cert), key=tls.get(key), names=names,
                 username=basic.get("username"), password=basic.get("password"), token=single.get("token"),
                 seed=single.get("seed"))
 
