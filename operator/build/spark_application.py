@@ -41,6 +41,7 @@ CREDENTIALS_DIR = "/etc/stream-replicator/nats"
 BASIC_AUTH_DIR = "/etc/stream-replicator/nats-basic-auth"
 TLS_DIR = "/etc/stream-replicator/tls"
 NKEY_DIR = "/etc/stream-replicator/nats-nkey"
+CA_DIR = "/etc/stream-replicator/nats-ca"
 TLS_FILES = (("ca.crt", "--tls-ca"), ("tls.crt", "--tls-cert"), ("tls.key", "--tls-key"))
 # The Hadoop that PySpark (and so the Spark image) bundles: pyspark/jars/hadoop-client-api-<version>.jar.
 # hadoop-aws must be exactly this version; a test keeps the two equal.
@@ -143,6 +144,14 @@ def _nats_files(
             if key in present:
                 arguments += [flag, f"{TLS_DIR}/{key}"]
         secrets.append({"name": tls_secret, "path": TLS_DIR, "secretType": "Generic"})
+    if cluster.ca_config_map:  # trust-manager's bundle wins over the Secret's CA
+        ref = cluster.ca_config_map
+        if "--tls-ca" in arguments:
+            index = arguments.index("--tls-ca")
+            del arguments[index:index + 2]
+        if "--tls-scheme" not in arguments:
+            arguments += ["--tls-scheme", "manual"]
+        arguments += ["--tls-ca", f"{CA_DIR}/{ref.key}"]
     return arguments, secrets
 
 
@@ -236,6 +245,9 @@ def build_scheduled_spark_application(
     driver = _pod(fleet.driver, DRIVER_DEFAULTS, labels, secrets, env)
     driver["serviceAccount"] = fleet.service_account or DEFAULT_SERVICE_ACCOUNT
     executor = _pod(fleet.executor, EXECUTOR_DEFAULTS, labels, secrets, env)
+    if cluster.ca_config_map:
+        for spark_pod in (driver, executor):
+            spark_pod["configMaps"] = [{"name": cluster.ca_config_map.name, "path": CA_DIR}]
     shape = fleet.template
     if shape is not None:
         for spark_pod in (driver, executor):

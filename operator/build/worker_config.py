@@ -38,6 +38,10 @@ def basic_auth_dir(side: Side) -> str:
     return f"{naming.SECRETS_DIR}/{side}-basic-auth"
 
 
+def ca_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-ca"
+
+
 def token_dir(side: Side) -> str:
     return f"{naming.SECRETS_DIR}/{side}-token"
 
@@ -73,15 +77,17 @@ def connection_files(spec: ReplicationSpec, side: Side, keys: Collection[str]) -
         files["token_file"] = f"{token_dir(side)}/{endpoint.token_secret.key}"
     if endpoint.nkey_secret:
         files["nkey_file"] = f"{nkey_dir(side)}/{endpoint.nkey_secret.key}"
-    if endpoint.tls_secret:
+    if endpoint.tls_secret or endpoint.ca_config_map:
         base = tls_dir(side)
         tls: dict[str, str] = {"scheme": "manual"}
         ca, cert, key = endpoint.tls_names
-        if ca in keys:
+        if endpoint.tls_secret and ca in keys:
             tls["ca"] = f"{base}/{ca}"
-        if cert in keys and key in keys:
+        if endpoint.tls_secret and cert in keys and key in keys:
             tls["cert"] = f"{base}/{cert}"
             tls["key"] = f"{base}/{key}"
+        if endpoint.ca_config_map:  # trust-manager's bundle wins over the Secret's CA
+            tls["ca"] = f"{ca_dir(side)}/{endpoint.ca_config_map.key}"
         files["tls"] = tls
     return files
 

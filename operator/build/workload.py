@@ -79,6 +79,11 @@ def _secret_volumes(spec: ReplicationSpec) -> tuple[list[dict[str, Any]], list[d
             mount(side, "nkey", endpoint.nkey_secret.name, worker_config.nkey_dir(side), [endpoint.nkey_secret.key])
         if endpoint.tls_secret:
             mount(side, "tls", endpoint.tls_secret, worker_config.tls_dir(side))
+        if endpoint.ca_config_map:  # a CA is public: a ConfigMap (trust-manager's bundle), the one key
+            ref, vol = endpoint.ca_config_map, naming.secret_volume_name(side, "ca")
+            volumes.append({"name": vol, "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}],
+                                                       "defaultMode": 0o444}})
+            mounts.append({"name": vol, "mountPath": worker_config.ca_dir(side), "readOnly": True})
     return volumes, mounts
 
 

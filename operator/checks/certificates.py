@@ -34,6 +34,16 @@ def mounted_certificates(secret: str, data: Mapping[str, bytes],
     return found
 
 
+def config_map_certificates(name: str, key: str, pem: bytes) -> list[MountedCertificate]:
+    """The CAs of a CA ConfigMap's bundle (trust-manager), for the expiry watch."""
+    where = f'configmap "{name}" key "{key}"'
+    try:
+        certs = parse_certificates(pem, where, "ca")
+    except MaterialError:
+        return [MountedCertificate(where)]
+    return [MountedCertificate(where, c.subject, dt.datetime.fromtimestamp(c.not_after, dt.UTC)) for c in certs]
+
+
 def secret_certificates(name: str, secret: Mapping[str, Any],
                         names: tuple[str, str] = (TLS_CA, TLS_CERT)) -> list[MountedCertificate]:
     """`mounted_certificates` of a Secret object as the API returns it (base64 data)."""

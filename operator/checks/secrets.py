@@ -11,12 +11,13 @@ Secrets and keys, never values.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from replication_operator.checks import policy
-from replication_operator.checks.certificates import secret_certificates
+from replication_operator.checks.certificates import config_map_certificates, secret_certificates
 from replication_operator.kube import APIError, KubeApi, error_text
 from replication_operator.model import naming
 from replication_operator.model import status as st
@@ -113,7 +114,38 @@ async def check_secrets(api: KubeApi, rules: policy.Policy, spec: ReplicationSpe
     refused = {name for name in labels if not policy.secret_usable(rules, ns, labels[name])}
     certificates = [c for name, found in held.items() if name not in refused for c in found]
     problems += need_problems([n for n in needs if n.secret not in refused], keys, missing, ns)
-    return problems, keys, certificates
+    ca_problems, ca_certificates = await _ca_config_maps(api, spec)
+    return problems + ca_problems, keys, certificates + ca_certificates
+
+
+async def _ca_config_map(api: KubeApi, ns: str, name: str, key: str) -> bytes:
+    """The PEM bundle under `key` of a ConfigMap; `NatsStatusError` says why it cannot be had."""
+    try:
+        found = await api.get(naming.CONFIGMAP, ns, name)
+    except APIError as err:
+        raise connection.NatsStatusError(f'configmap "{name}" cannot be read: {error_text(err)}') from None
+    if found is None:
+        raise connection.NatsStatusError(f'configmap "{name}" (key "{key}") not found in namespace "{ns}"')
+    data = found.get("data") or {}
+    if key not in data:
+        raise connection.NatsStatusError(f'configmap "{name}" has no key "{key}" in namespace "{ns}"')
+    return str(data[key]).encode()
+
+
+async def _ca_config_maps(api: KubeApi, spec: ReplicationSpec) -> tuple[list[st.Problem], list[st.MountedCertificate]]:
+    """Each side's CA ConfigMap exists and has its key (`SecretMissing`/`SecretKeyMissing`, as a TLS
+    Secret would be reported); its CAs join the certificate expiry watch."""
+    problems: list[st.Problem] = []
+    held: list[st.MountedCertificate] = []
+    for ref in dict.fromkeys(e.ca_config_map for e in (spec.source, spec.target) if e.ca_config_map):
+        try:
+            pem = await _ca_config_map(api, spec.namespace, ref.name, ref.key)
+        except connection.NatsStatusError as err:
+            reason = st.SECRET_KEY_MISSING if "has no key" in str(err) else st.SECRET_MISSING
+            problems.append(st.Problem(reason, str(err)))
+            continue
+        held += config_map_certificates(ref.name, ref.key, pem)
+    return problems, held
 
 
 def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], missing: Mapping[str, str],
@@ -164,7 +196,12 @@ async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, e
             raise connection.NatsStatusError(
                 f'secret "{name}" is no longer labelled {policy.USABLE_LABEL}={policy.USABLE_VALUE}')
         secrets[name] = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
-    return connection.auth_from_secrets(endpoint, secrets)
+    auth = connection.auth_from_secrets(endpoint, secrets)
+    ref = endpoint.ca_config_map
+    if ref is None:
+        return auth
+    pem = await _ca_config_map(api, spec.namespace, ref.name, ref.key)  # trust-manager's bundle wins
+    return dataclasses.replace(auth, ca=pem, names={**auth.names, "ca": f'configmap "{ref.name}" key "{ref.key}"'})
 
 
 class Secrets:

@@ -67,6 +67,12 @@ class TlsKeys(Model):
     key: str = key_field("Key of the client certificate's private key.", "tls.key")
 
 
+class CaConfigMapRef(Model):
+    name: str = name_field("Name of the ConfigMap, in the StreamReplication's namespace (e.g. a trust-manager "
+                           "Bundle's target).")
+    key: str = key_field("Key of the PEM CA bundle in the ConfigMap.", "ca.crt")
+
+
 class BasicAuthRef(Model):
     """A user name and password in one Secret (the keys of a `kubernetes.io/basic-auth` Secret)."""
 
@@ -117,6 +123,9 @@ class Endpoint(Model):
     tls_secret: str | None = name_field(
         "Secret with `ca.crt` and/or `tls.crt` + `tls.key` (a kubernetes.io/tls Secret works; other key names "
         "through tlsKeys).", None)
+    ca_config_map: CaConfigMapRef | None = field(
+        "ConfigMap holding the PEM CA bundle that verifies the server (trust-manager writes one); wins over "
+        "tlsSecret's CA. A CA is public: no Secret is needed for it.", None)
     tls_keys: TlsKeys | None = field(
         "Key names inside tlsSecret when they are not cert-manager's `ca.crt`, `tls.crt`, `tls.key`.", None)
 
