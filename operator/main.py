@@ -77,6 +77,12 @@ POLICY_FLAGS = {
     "--allow-spark-package": ("allowed_spark_packages", "a Maven package (group:artifact:version) resources "
                               "may load into the fleet-health job through spec.fleetHealth.packages "
                               "(default: the hadoop-aws, hadoop-azure and gcs-connector connectors)"),
+    "--allow-priority-class": ("allowed_priority_classes", "a PriorityClass resources may give their pods "
+                               "(spec.template.pod.priorityClassName); system-* classes only by a pattern "
+                               "starting with system- (default: *)"),
+    "--allow-privileged-pods": ("privileged_pods_namespaces", "a namespace whose resources' pod templates may "
+                                "widen the pods (root, privileged, added capabilities, privilege escalation, "
+                                "unconfined seccomp) (default: none)"),
 }
 
 

@@ -22,6 +22,8 @@ POLICY_ENV = (
     ("allowed_nats_hosts", "STREAM_REPLICATOR_ALLOWED_NATS_HOSTS"),
     ("allowed_spark_conf", "STREAM_REPLICATOR_ALLOWED_SPARK_CONF"),
     ("allowed_spark_packages", "STREAM_REPLICATOR_ALLOWED_SPARK_PACKAGES"),
+    ("allowed_priority_classes", "STREAM_REPLICATOR_ALLOWED_PRIORITY_CLASSES"),
+    ("privileged_pods_namespaces", "STREAM_REPLICATOR_PRIVILEGED_PODS_NAMESPACES"),
 )
 
 
@@ -46,6 +48,8 @@ class OperatorConfig:
     allowed_nats_hosts: tuple[str, ...] = policy.ANY_HOST
     allowed_spark_conf: tuple[str, ...] = policy.DEFAULT_SPARK_CONF
     allowed_spark_packages: tuple[str, ...] = policy.DEFAULT_SPARK_PACKAGES
+    allowed_priority_classes: tuple[str, ...] = policy.ANY_HOST
+    privileged_pods_namespaces: tuple[str, ...] = ()
     # No cluster-scoped API calls (kopf neither lists namespaces nor watches CRDs): RBAC by Roles only.
     roles_only: bool = False
     certificate_warning: float = 14 * 86400.0  # warn when a mounted certificate expires sooner
@@ -77,4 +81,6 @@ class OperatorConfig:
             nats_hosts=self.allowed_nats_hosts,
             spark_conf=self.allowed_spark_conf,
             spark_packages=self.allowed_spark_packages,
+            priority_classes=self.allowed_priority_classes,
+            privileged_namespaces=self.privileged_pods_namespaces,
         )

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from croniter import croniter
+from replication_operator.build import pod_template
 from replication_operator.model import images
 from replication_operator.model.fleet_health import Driver, Executor, FleetHealth
 from replication_operator.model.spec import Endpoint, ReplicationSpec, SpecError
@@ -39,6 +40,8 @@ DEFAULT_SERVICE_ACCOUNT = "spark-operator-spark"
 CREDENTIALS_DIR = "/etc/stream-replicator/nats"
 BASIC_AUTH_DIR = "/etc/stream-replicator/nats-basic-auth"
 TLS_DIR = "/etc/stream-replicator/tls"
+NKEY_DIR = "/etc/stream-replicator/nats-nkey"
+CA_DIR = "/etc/stream-replicator/nats-ca"
 TLS_FILES = (("ca.crt", "--tls-ca"), ("tls.crt", "--tls-cert"), ("tls.key", "--tls-key"))
 # The Hadoop that PySpark (and so the Spark image) bundles: pyspark/jars/hadoop-client-api-<version>.jar.
 # hadoop-aws must be exactly this version; a test keeps the two equal.
@@ -122,17 +125,33 @@ def _nats_files(
         arguments += ["--user-file", f"{BASIC_AUTH_DIR}/{basic.username_key}",
                       "--password-file", f"{BASIC_AUTH_DIR}/{basic.password_key}"]
         secrets.append({"name": basic.name, "path": BASIC_AUTH_DIR, "secretType": "Generic"})
+    if cluster.nkey_secret:
+        arguments += ["--nkey-seed", f"{NKEY_DIR}/{cluster.nkey_secret.key}"]
+        secrets.append({"name": cluster.nkey_secret.name, "path": NKEY_DIR, "secretType": "Generic"})
+    if cluster.token_secret:
+        raise SpecError("spec.fleetHealth: the fleet-health job cannot authenticate with a tokenSecret yet; give the "
+                        "advisory cluster a credentialsSecret, basicAuthSecret or nkeySecret")
     tls_secret = cluster.tls_secret
     if tls_secret:
-        keys = (tls_keys or {}).get(tls_secret, [k for k, _ in TLS_FILES])
-        present = {k for k, _ in TLS_FILES if k in keys}
-        if "tls.crt" not in present or "tls.key" not in present:  # as the workers: a pair or nothing
-            present -= {"tls.crt", "tls.key"}
+        files = tuple(zip(cluster.tls_names, (flag for _, flag in TLS_FILES), strict=True))
+        keys = (tls_keys or {}).get(tls_secret, cluster.tls_names)
+        present = {k for k, _ in files if k in keys}
+        _, cert, key_name = cluster.tls_names
+        if cert not in present or key_name not in present:  # as the workers: a pair or nothing
+            present -= {cert, key_name}
         arguments += ["--tls-scheme", "manual"]
-        for key, flag in TLS_FILES:
+        for key, flag in files:
             if key in present:
                 arguments += [flag, f"{TLS_DIR}/{key}"]
         secrets.append({"name": tls_secret, "path": TLS_DIR, "secretType": "Generic"})
+    if cluster.ca_config_map:  # trust-manager's bundle wins over the Secret's CA
+        ref = cluster.ca_config_map
+        if "--tls-ca" in arguments:
+            index = arguments.index("--tls-ca")
+            del arguments[index:index + 2]
+        if "--tls-scheme" not in arguments:
+            arguments += ["--tls-scheme", "manual"]
+        arguments += ["--tls-ca", f"{CA_DIR}/{ref.key}"]
     return arguments, secrets
 
 
@@ -226,6 +245,13 @@ def build_scheduled_spark_application(
     driver = _pod(fleet.driver, DRIVER_DEFAULTS, labels, secrets, env)
     driver["serviceAccount"] = fleet.service_account or DEFAULT_SERVICE_ACCOUNT
     executor = _pod(fleet.executor, EXECUTOR_DEFAULTS, labels, secrets, env)
+    if cluster.ca_config_map:
+        for spark_pod in (driver, executor):
+            spark_pod["configMaps"] = [{"name": cluster.ca_config_map.name, "path": CA_DIR}]
+    shape = fleet.template
+    if shape is not None:
+        for spark_pod in (driver, executor):
+            pod_template.apply_spark(shape.pod, shape.container, spark_pod)
 
     template: dict[str, Any] = {
         "type": "Python",
@@ -246,6 +272,8 @@ def build_scheduled_spark_application(
         "driver": driver,
         "executor": executor,
     }
+    if shape is not None and (pull := pod_template.spark_pull_secrets(shape.pod)):
+        template["imagePullSecrets"] = pull
     if packages:
         template["deps"] = {"packages": packages}
     spark_conf = {"spark.jars.ivy": IVY_DIR} if packages else {}

@@ -38,6 +38,18 @@ def basic_auth_dir(side: Side) -> str:
     return f"{naming.SECRETS_DIR}/{side}-basic-auth"
 
 
+def ca_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-ca"
+
+
+def token_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-token"
+
+
+def nkey_dir(side: Side) -> str:
+    return f"{naming.SECRETS_DIR}/{side}-nkey"
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """The config as the worker's model reads it (`model`) and as the ConfigMap carries it (`text`)."""
@@ -61,14 +73,21 @@ def connection_files(spec: ReplicationSpec, side: Side, keys: Collection[str]) -
         ref = endpoint.basic_auth_secret
         files["user_file"] = f"{basic_auth_dir(side)}/{ref.username_key}"
         files["password_file"] = f"{basic_auth_dir(side)}/{ref.password_key}"
-    if endpoint.tls_secret:
+    if endpoint.token_secret:
+        files["token_file"] = f"{token_dir(side)}/{endpoint.token_secret.key}"
+    if endpoint.nkey_secret:
+        files["nkey_file"] = f"{nkey_dir(side)}/{endpoint.nkey_secret.key}"
+    if endpoint.tls_secret or endpoint.ca_config_map:
         base = tls_dir(side)
         tls: dict[str, str] = {"scheme": "manual"}
-        if TLS_CA in keys:
-            tls["ca"] = f"{base}/{TLS_CA}"
-        if TLS_CERT in keys and TLS_KEY in keys:
-            tls["cert"] = f"{base}/{TLS_CERT}"
-            tls["key"] = f"{base}/{TLS_KEY}"
+        ca, cert, key = endpoint.tls_names
+        if endpoint.tls_secret and ca in keys:
+            tls["ca"] = f"{base}/{ca}"
+        if endpoint.tls_secret and cert in keys and key in keys:
+            tls["cert"] = f"{base}/{cert}"
+            tls["key"] = f"{base}/{key}"
+        if endpoint.ca_config_map:  # trust-manager's bundle wins over the Secret's CA
+            tls["ca"] = f"{ca_dir(side)}/{endpoint.ca_config_map.key}"
         files["tls"] = tls
     return files
 
@@ -137,7 +156,7 @@ def _topic(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]], resum
         topic["advisory"] = advisory
 
     for side in SIDES:
-        keys = tls_keys.get(spec.endpoint(side).tls_secret or "", ALL_TLS_KEYS)
+        keys = tls_keys.get(spec.endpoint(side).tls_secret or "", spec.endpoint(side).tls_names)
         topic.update({f"{side}_{k}": v for k, v in connection_files(spec, side, keys).items()})
     return topic
 
@@ -148,7 +167,7 @@ def _heartbeats(spec: ReplicationSpec, tls_keys: Mapping[str, Collection[str]]) 
     assert hb is not None
     side = hb.cluster
     election = hb.leader_election if hb.leader_election is not None else spec.replicas > 1
-    keys = tls_keys.get(spec.endpoint(side).tls_secret or "", ALL_TLS_KEYS)
+    keys = tls_keys.get(spec.endpoint(side).tls_secret or "", spec.endpoint(side).tls_names)
     return {
         "url": spec.endpoint(side).url,
         "interval": hb.interval,

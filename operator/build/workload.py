@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from replication_operator.build import worker_config
+from replication_operator.build import pod_template, worker_config
 from replication_operator.model import naming
 from replication_operator.model.spec import ReplicationSpec, Side
 
@@ -21,6 +21,20 @@ RUN_AS = 10001  # the image's `replicator` user and group (Dockerfile)
 # it by, the operator's own (`build_service_monitor`) and the chart's (`metrics.serviceMonitor.selector`
 # in helm/stream-replicator/values.yaml; tests/helm/test_monitoring_selection.py keeps them together).
 METRICS_COMPONENT = "metrics"
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "fsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 DEFAULT_RESOURCES: dict[str, Any] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
     "limits": {"memory": "512Mi"},
@@ -63,14 +77,24 @@ def _secret_volumes(spec: ReplicationSpec) -> tuple[list[dict[str, Any]], list[d
         if endpoint.basic_auth_secret:
             mount(side, "basic-auth", endpoint.basic_auth_secret.name, worker_config.basic_auth_dir(side),
                   list(endpoint.basic_auth_secret.keys))
+        if endpoint.token_secret:
+            mount(side, "token", endpoint.token_secret.name, worker_config.token_dir(side), [endpoint.token_secret.key])
+        if endpoint.nkey_secret:
+            mount(side, "nkey", endpoint.nkey_secret.name, worker_config.nkey_dir(side), [endpoint.nkey_secret.key])
         if endpoint.tls_secret:
             mount(side, "tls", endpoint.tls_secret, worker_config.tls_dir(side))
+        if endpoint.ca_config_map:  # a CA is public: a ConfigMap (trust-manager's bundle), the one key
+            ref, vol = endpoint.ca_config_map, naming.secret_volume_name(side, "ca")
+            volumes.append({"name": vol, "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}],
+                                                       "defaultMode": 0o444}})
+            mounts.append({"name": vol, "mountPath": worker_config.ca_dir(side), "readOnly": True})
     return volumes, mounts
 
 
 def _resources(spec: ReplicationSpec) -> dict[str, Any]:
-    """The spec's container resources as it gives them, else ours."""
-    given = spec.resources.model_dump(by_alias=True, exclude_unset=True) if spec.resources else None
+    """The template's container resources, else the spec's, as given; else ours."""
+    chosen = (spec.template and spec.template.container and spec.template.container.resources) or spec.resources
+    given = chosen.model_dump(by_alias=True, exclude_unset=True) if chosen else None
     return given or copy.deepcopy(DEFAULT_RESOURCES)
 
 
@@ -107,13 +131,7 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
             "timeoutSeconds": 2,
         },
         "resources": _resources(spec),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [
             {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
@@ -133,13 +151,7 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": copy.deepcopy(POD_SECURITY),
         "containers": [container],
         "volumes": [
             {"name": "config", "configMap": {"name": naming.configmap_name(name)}},
@@ -156,6 +168,10 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_unset=True) for t in spec.tolerations]
     if spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(spec.affinity)
+    labels = naming.labels(name)
+    if spec.template:
+        labels = pod_template.apply(spec.template.pod, spec.template.container, pod_spec, container, labels,
+                                    annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -166,7 +182,7 @@ def build_deployment(spec: ReplicationSpec, config_hash: str, worker_image: str)
             "selector": {"matchLabels": naming.selector_labels(name)},
             "strategy": _strategy(spec),
             "template": {
-                "metadata": {"labels": naming.labels(name), "annotations": annotations},
+                "metadata": {"labels": labels, "annotations": annotations},
                 "spec": pod_spec,
             },
         },
@@ -222,7 +238,8 @@ def build_pdb(spec: ReplicationSpec) -> dict[str, Any]:
         "kind": "PodDisruptionBudget",
         "metadata": _meta(spec, naming.pdb_name(spec.resource_name)),
         "spec": {
-            "maxUnavailable": 1,
+            **(spec.template.pod_disruption_budget.limit() if spec.template and spec.template.pod_disruption_budget
+               else {"maxUnavailable": 1}),
             "selector": {"matchLabels": naming.selector_labels(spec.resource_name)},
         },
     }

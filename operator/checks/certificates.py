@@ -15,10 +15,12 @@ from replication_operator.model.status import MountedCertificate
 from replicator.transport.material import MaterialError, parse_certificates
 
 
-def mounted_certificates(secret: str, data: Mapping[str, bytes]) -> list[MountedCertificate]:
-    """Every CA of `ca.crt` and the leaf of `tls.crt`; a key that does not parse is listed unreadable."""
+def mounted_certificates(secret: str, data: Mapping[str, bytes],
+                         names: tuple[str, str] = (TLS_CA, TLS_CERT)) -> list[MountedCertificate]:
+    """Every CA of the CA key (`ca.crt`) and the leaf of the certificate key (`tls.crt`); a key that
+    does not parse is listed unreadable."""
     found: list[MountedCertificate] = []
-    for key, role in ((TLS_CA, "ca"), (TLS_CERT, "client")):
+    for key, role in ((names[0], "ca"), (names[1], "client")):
         if key not in data:
             continue
         where = f'secret "{secret}" key "{key}"'
@@ -32,10 +34,21 @@ def mounted_certificates(secret: str, data: Mapping[str, bytes]) -> list[Mounted
     return found
 
 
-def secret_certificates(name: str, secret: Mapping[str, Any]) -> list[MountedCertificate]:
+def config_map_certificates(name: str, key: str, pem: bytes) -> list[MountedCertificate]:
+    """The CAs of a CA ConfigMap's bundle (trust-manager), for the expiry watch."""
+    where = f'configmap "{name}" key "{key}"'
+    try:
+        certs = parse_certificates(pem, where, "ca")
+    except MaterialError:
+        return [MountedCertificate(where)]
+    return [MountedCertificate(where, c.subject, dt.datetime.fromtimestamp(c.not_after, dt.UTC)) for c in certs]
+
+
+def secret_certificates(name: str, secret: Mapping[str, Any],
+                        names: tuple[str, str] = (TLS_CA, TLS_CERT)) -> list[MountedCertificate]:
     """`mounted_certificates` of a Secret object as the API returns it (base64 data)."""
     data = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
-    return mounted_certificates(name, data)
+    return mounted_certificates(name, data, names)
 
 
 Event = tuple[str, str, str]  # (type, reason, message)

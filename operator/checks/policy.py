@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from replication_operator.checks import pod_policy
 from replication_operator.model import naming
 from replication_operator.model.spec import ReplicationSpec
 
@@ -27,9 +28,11 @@ SECRET_NOT_ALLOWED = "SecretNotAllowed"
 HOST_NOT_ALLOWED = "HostNotAllowed"
 SPARK_CONF_NOT_ALLOWED = "SparkConfNotAllowed"
 SPARK_PACKAGE_NOT_ALLOWED = "SparkPackageNotAllowed"
+POD_SECURITY_NOT_ALLOWED = pod_policy.POD_SECURITY_NOT_ALLOWED
+PRIORITY_CLASS_NOT_ALLOWED = pod_policy.PRIORITY_CLASS_NOT_ALLOWED
 REASONS = frozenset(
     {IMAGE_NOT_ALLOWED, SERVICE_ACCOUNT_NOT_ALLOWED, SECRET_NOT_ALLOWED, HOST_NOT_ALLOWED, SPARK_CONF_NOT_ALLOWED,
-     SPARK_PACKAGE_NOT_ALLOWED}
+     SPARK_PACKAGE_NOT_ALLOWED, POD_SECURITY_NOT_ALLOWED, PRIORITY_CLASS_NOT_ALLOWED}
 )
 
 # A Secret's owner opts it in; nobody else's say-so lets a resource mount or read it.
@@ -74,6 +77,8 @@ class Policy:
     nats_hosts: tuple[str, ...] = ANY_HOST  # host names, or CIDRs for IP addresses
     spark_conf: tuple[str, ...] = DEFAULT_SPARK_CONF
     spark_packages: tuple[str, ...] = DEFAULT_SPARK_PACKAGES
+    priority_classes: tuple[str, ...] = ANY_HOST  # `*`: any, but system-* only when a pattern names system-
+    privileged_namespaces: tuple[str, ...] = ()  # whose templates may widen pods (root, privileged, ...)
 
     def summary(self) -> str:
         """One line for the operator's start-up log."""
@@ -86,6 +91,8 @@ class Policy:
                if self.unlabelled_secrets_namespaces else "")
             + f"; NATS hosts: {_list(self.nats_hosts)}; sparkConf keys: {_list(self.spark_conf)}"
             + f"; Spark packages: {_list(self.spark_packages)}"
+            + f"; priority classes: {_list(self.priority_classes)}"
+            + f"; privileged pods in namespaces: {_list(self.privileged_namespaces)}"
         )
 
 
@@ -202,6 +209,27 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
             found.append(Violation(SPARK_PACKAGE_NOT_ALLOWED, (
                 f'spec.fleetHealth.packages "{package}" is not an allowed Spark package (allowed: '
                 f"{_list(policy.spark_packages)}; set by --allow-spark-package)")))
+    found += _template_violations(spec, policy)
+    return found
+
+
+def _template_violations(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
+    """The pod templates' choices (checks/pod_policy.py)."""
+    found: list[Violation] = []
+    fleet_template = spec.fleet_health.template if spec.fleet_health else None
+    for where, shape in (("spec.template", spec.template), ("spec.fleetHealth.template", fleet_template)):
+        if shape is None:
+            continue
+        if not _matches(spec.namespace, policy.privileged_namespaces):
+            found += [Violation(POD_SECURITY_NOT_ALLOWED, (
+                f"{what} widens what the pods may do: not allowed in namespace \"{spec.namespace}\" (allowed in: "
+                f"{_list(policy.privileged_namespaces)}; set by --allow-privileged-pods)"))
+                for what in pod_policy.widenings(where, shape.pod, shape.container)]
+        priority = shape.pod.priority_class_name if shape.pod else None
+        if priority and not pod_policy.priority_class_allowed(priority, policy.priority_classes):
+            found.append(Violation(PRIORITY_CLASS_NOT_ALLOWED, (
+                f'{where}.pod.priorityClassName "{priority}" is not an allowed priority class (allowed: '
+                f"{_list(policy.priority_classes)}; system-* only when named; set by --allow-priority-class)")))
     return found
 
 

@@ -16,6 +16,7 @@ from replication_operator.model.fields import (
     key_field,
     name_field,
 )
+from replication_operator.model.template import SparkTemplate
 
 SCHEDULE = r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every ([0-9]+(ms|s|m|h))+|\S+(\s+\S+){4})$"
 MavenPackage = Annotated[str, WithJsonSchema({
@@ -97,3 +98,6 @@ class FleetHealth(Model):
         maxLength=253, pattern=DNS_SUBDOMAIN)
     spark_conf: dict[str, str] | None = field("Extra Spark settings, e.g. for the output's file system.", None)
     hadoop_conf: dict[str, str] | None = field("Extra Hadoop settings, e.g. `fs.s3a.endpoint`.", None)
+    template: SparkTemplate | None = field(
+        "Shapes the Spark driver and executor pods (image pull Secrets, priority, spreading, labels, env, "
+        "securityContext), as spec.template does the workers'.", None)

@@ -70,6 +70,7 @@ def fields_without_description(schema: dict[str, Any], path: str = "") -> list[s
         if not prop.get("description"):
             missing.append(where)
         missing += fields_without_description(prop, where)
-        if isinstance(prop.get("items"), dict):
-            missing += fields_without_description(prop["items"], f"{where}[]")
+        for key, suffix in (("items", "[]"), ("additionalProperties", ".*")):
+            if isinstance(prop.get(key), dict):
+                missing += fields_without_description(prop[key], f"{where}{suffix}")
     return missing

@@ -29,6 +29,7 @@ from replication_operator.model.fleet_health import FleetHealth
 from replication_operator.model.native import NativeSettings
 from replication_operator.model.network import NetworkPolicySettings
 from replication_operator.model.pods import Monitoring, Resources, Toleration
+from replication_operator.model.template import WorkerTemplate
 
 from replicator.config.urls import url_options
 
@@ -49,6 +50,30 @@ class SecretKeyRef(Model):
     key: str = key_field("Key of the .creds file in the Secret.", "user.creds")
 
 
+class TokenSecretRef(Model):
+    name: str = name_field("Name of the Secret, in the StreamReplication's namespace.")
+    key: str = key_field("Key of the token in the Secret.", "token")
+
+
+class NkeySecretRef(Model):
+    name: str = name_field("Name of the Secret, in the StreamReplication's namespace.")
+    key: str = key_field("Key of the user nkey seed (`SU...`) in the Secret.", "nkey.seed")
+
+
+class TlsKeys(Model):
+    """The key names inside a TLS Secret: cert-manager's by default; another issuer's can be named."""
+
+    ca: str = key_field("Key of the CA bundle that verifies the server.", "ca.crt")
+    cert: str = key_field("Key of the client certificate (with its chain).", "tls.crt")
+    key: str = key_field("Key of the client certificate's private key.", "tls.key")
+
+
+class CaConfigMapRef(Model):
+    name: str = name_field("Name of the ConfigMap, in the StreamReplication's namespace (e.g. a trust-manager "
+                           "Bundle's target).")
+    key: str = key_field("Key of the PEM CA bundle in the ConfigMap.", "ca.crt")
+
+
 class BasicAuthRef(Model):
     """A user name and password in one Secret (the keys of a `kubernetes.io/basic-auth` Secret)."""
 
@@ -66,11 +91,14 @@ class BasicAuthRef(Model):
 
 
 ONE_WAY_RULES = [
-    {"rule": "!(has(self.credentialsSecret) && has(self.basicAuthSecret))",
-     "message": "credentialsSecret and basicAuthSecret exclude each other: one way to authenticate a side"},
-    {"rule": "!has(self.basicAuthSecret) || !self.url.contains('@')",
-     "message": "basicAuthSecret and credentials in the url (user:password@ or token@) exclude each other: one way "
-                "to authenticate a side"},
+    {"rule": "(has(self.credentialsSecret) ? 1 : 0) + (has(self.basicAuthSecret) ? 1 : 0) + "
+             "(has(self.tokenSecret) ? 1 : 0) + (has(self.nkeySecret) ? 1 : 0) <= 1",
+     "message": "credentialsSecret, basicAuthSecret, tokenSecret and nkeySecret exclude each other: one way to "
+                "authenticate a side"},
+    {"rule": "!(has(self.basicAuthSecret) || has(self.tokenSecret) || has(self.nkeySecret)) || "
+             "!self.url.contains('@')",
+     "message": "a basicAuthSecret, tokenSecret or nkeySecret and credentials in the url (user:password@ or token@) "
+                "exclude each other: one way to authenticate a side"},
 ]
 URL_DESCRIPTION = ("Comma-separated NATS URLs (nats://, tls://, ws://, wss://). A user:password written here is "
                    "copied into the worker's ConfigMap: name a basicAuthSecret instead.")
@@ -87,21 +115,43 @@ class Endpoint(Model):
         "Secret holding a NATS user name and password (the keys of a kubernetes.io/basic-auth Secret), mounted "
         "into the pods and read at every (re)connect: the password stays out of the URL, the worker's ConfigMap "
         "and the command lines. Excludes credentialsSecret.", None)
+    token_secret: TokenSecretRef | None = field(
+        "Secret holding a NATS token (token authentication), mounted into the pods and read at every (re)connect: "
+        "the token stays out of the URL, the worker's ConfigMap and the command lines.", None)
+    nkey_secret: NkeySecretRef | None = field(
+        "Secret holding a user nkey seed (nkey authentication, no JWT): the pods sign the server's nonce with it; "
+        "the seed stays out of the URL and the worker's ConfigMap.", None)
     tls_secret: str | None = name_field(
-        "Secret with `ca.crt` and/or `tls.crt` + `tls.key` (a kubernetes.io/tls Secret works).", None)
+        "Secret with `ca.crt` and/or `tls.crt` + `tls.key` (a kubernetes.io/tls Secret works; other key names "
+        "through tlsKeys).", None)
+    ca_config_map: CaConfigMapRef | None = field(
+        "ConfigMap holding the PEM CA bundle that verifies the server (trust-manager writes one); wins over "
+        "tlsSecret's CA. A CA is public: no Secret is needed for it.", None)
+    tls_keys: TlsKeys | None = field(
+        "Key names inside tlsSecret when they are not cert-manager's `ca.crt`, `tls.crt`, `tls.key`.", None)
+
+    @property
+    def tls_names(self) -> tuple[str, str, str]:
+        """(CA, certificate, key) names inside the TLS Secret."""
+        keys = self.tls_keys or TlsKeys()
+        return keys.ca, keys.cert, keys.key
 
     @property
     def secrets(self) -> list[str]:
-        """The Secrets this side reads (credentials, user and password, TLS), each once."""
+        """The Secrets this side reads (credentials, user and password, token, nkey, TLS), each once."""
         names = [self.credentials_secret.name if self.credentials_secret else None,
-                 self.basic_auth_secret.name if self.basic_auth_secret else None, self.tls_secret]
+                 self.basic_auth_secret.name if self.basic_auth_secret else None,
+                 self.token_secret.name if self.token_secret else None,
+                 self.nkey_secret.name if self.nkey_secret else None, self.tls_secret]
         return list(dict.fromkeys(n for n in names if n))
 
     def auth_ways(self) -> list[str]:
         """The ways this side authenticates, as the fields that give them: Secrets and what its URL carries."""
         side = self.side
         ways = [f"spec.{side}.{k}" for k, v in (("credentialsSecret", self.credentials_secret),
-                                                ("basicAuthSecret", self.basic_auth_secret)) if v]
+                                                ("basicAuthSecret", self.basic_auth_secret),
+                                                ("tokenSecret", self.token_secret),
+                                                ("nkeySecret", self.nkey_secret)) if v]
         try:
             opts = url_options(self.url)
         except ValueError:
@@ -362,6 +412,9 @@ class StreamReplicationSpec(Model):
     service_account_name: str | None = name_field(
         "Service account the worker pods run as (the tenancy policy must allow it); default the namespace's "
         "default account, with no API token mounted.", None)
+    template: WorkerTemplate | None = field(
+        "Shapes the worker pods, their container and PodDisruptionBudget (image pull Secrets, priority, "
+        "spreading, labels, env, securityContext); docs/operator.md#pod-templates.", None)
     monitoring: Monitoring = field("The workers' metrics endpoint and how Prometheus finds it.",
                                    default_factory=Monitoring, schema_default={})
     native: NativeSettings = field("The native engine's readiness bounds.", default_factory=NativeSettings,

@@ -18,7 +18,7 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client
-from replication_operator.model.spec import TLS_CA, TLS_CERT, TLS_KEY, Endpoint
+from replication_operator.model.spec import Endpoint
 
 from replicator.config import redact_url
 from replicator.transport.errors import NATS_ERRORS
@@ -44,6 +44,8 @@ class Auth:
     names: Mapping[str, str] = field(default_factory=dict)
     username: bytes | None = None
     password: bytes | None = None
+    token: bytes | None = None
+    seed: bytes | None = None
 
     @property
     def tls(self) -> bool:
@@ -52,12 +54,14 @@ class Auth:
     def material(self) -> Material:
         data = {role: value for role, value in (("ca", self.ca), ("cert", self.cert), ("key", self.key),
                                                 ("creds", self.credentials), ("username", self.username),
-                                                ("password", self.password)) if value is not None}
+                                                ("password", self.password), ("token", self.token),
+                                                ("seed", self.seed)) if value is not None}
         def name(role: str) -> str | None:
             return self.names.get(role, role) if role in data else None
 
         files = MaterialFiles(tls=self.tls, ca=name("ca"), cert=name("cert"), key=name("key"), creds=name("creds"),
-                              username=name("username"), password=name("password"))
+                              username=name("username"), password=name("password"), token=name("token"),
+                              seed=name("seed"))
         try:
             return build(files, data)
         except MaterialError as err:
@@ -80,11 +84,20 @@ def auth_from_secrets(endpoint: Endpoint, secrets: Mapping[str, Mapping[str, byt
             names[role] = f'secret "{basic_ref.name}" key "{key}"'
             if basic[role] is None:  # checked before, but the Secret may have changed since
                 raise NatsStatusError(f'secret "{basic_ref.name}" has no key "{key}"')
+    single: dict[str, bytes | None] = {}
+    for role, ref in (("token", endpoint.token_secret), ("seed", endpoint.nkey_secret)):
+        if ref is not None:
+            single[role] = secrets.get(ref.name, {}).get(ref.key)
+            names[role] = f'secret "{ref.name}" key "{ref.key}"'
+            if single[role] is None:  # checked before, but the Secret may have changed since
+                raise NatsStatusError(f'secret "{ref.name}" has no key "{ref.key}"')
     tls: Mapping[str, bytes] = secrets.get(endpoint.tls_secret, {}) if endpoint.tls_secret else {}
-    for role, key in (("ca", TLS_CA), ("cert", TLS_CERT), ("key", TLS_KEY)):
-        names[role] = f'secret "{endpoint.tls_secret}" key "{key}"'
-    return Auth(credentials=creds, ca=tls.get(TLS_CA), cert=tls.get(TLS_CERT), key=tls.get(TLS_KEY), names=names,
-                username=basic.get("username"), password=basic.get("password"))
+    ca, cert, key = endpoint.tls_names
+    for role, name in (("ca", ca), ("cert", cert), ("key", key)):
+        names[role] = f'secret "{endpoint.tls_secret}" key "{name}"'
+    return Auth(credentials=creds, ca=tls.get(ca), cert=tls.get(cert), key=tls.get(key), names=names,
+                username=basic.get("username"), password=basic.get("password"), token=single.get("token"),
+                seed=single.get("seed"))
 
 
 async def connect(url: str, auth: Auth, time_limit: float) -> Client:
@@ -99,9 +112,13 @@ async def connect(url: str, auth: Auth, time_limit: float) -> Client:
         "reconnect_time_wait": 0.1,
     }
     material = auth.material()
-    if material.user is not None:  # signs the nonce of each CONNECT with the seed from the Secret
+    if material.user is not None and material.user.jwt is None:  # a bare nkey: nats-py signs with the seed
+        options["nkeys_seed_str"] = material.user.seed.decode()
+    elif material.user is not None:  # signs the nonce of each CONNECT with the seed from the Secret
         options["signature_cb"] = material.user.sign
         options["user_jwt_cb"] = material.user.user_jwt
+    if material.token is not None:  # the token from the Secret, never from the URL
+        options["token"] = material.token
     if material.basic is not None:  # the user and password from the Secret, never from the URL
         options["user"], options["password"] = material.basic.user, material.basic.password
     if auth.tls or any(s.startswith(("tls://", "wss://")) for s in servers):

@@ -68,7 +68,8 @@ def check_heartbeat_files(config: Config, source: str) -> None:
     files += [("heartbeats.credentials", hb.credentials),
               ("heartbeats.choria.jwt_file" if go else "heartbeats.jwt_file", hb.jwt_file),
               ("heartbeats.choria.seed_file" if go else "heartbeats.seed_file", hb.seed_file),
-              ("heartbeats.user_file", hb.user_file), ("heartbeats.password_file", hb.password_file)]
+              ("heartbeats.user_file", hb.user_file), ("heartbeats.password_file", hb.password_file),
+              ("heartbeats.nkey_file", hb.nkey_file), ("heartbeats.token_file", hb.token_file)]
     opts = url_options(hb.url)
     files += [("heartbeats.url", opts.credentials), ("heartbeats.url", opts.jwt), ("heartbeats.url", opts.nkey)]
     for key, path in files:

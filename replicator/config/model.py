@@ -152,6 +152,12 @@ class TopicConfig(Strict):
     source_password_file: str | None = None
     target_user_file: str | None = None
     target_password_file: str | None = None
+    # A bare nkey seed file (nkey authentication, no JWT) and a token file (token authentication):
+    # read at every reconnect like the others, so neither needs to be written into a URL.
+    source_nkey_file: str | None = None
+    target_nkey_file: str | None = None
+    source_token_file: str | None = None
+    target_token_file: str | None = None
     durable: str | None = None
     ephemeral: bool = False
     leader_election_bucket: str | None = None
@@ -278,6 +284,8 @@ class HeartbeatsConfig(Strict):
     seed_file: str | None = None
     user_file: str | None = None
     password_file: str | None = None
+    nkey_file: str | None = None
+    token_file: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -298,7 +306,7 @@ class HeartbeatsConfig(Strict):
 
 
 # A connection's credential keys (`source_` + key in a topic, bare in `heartbeats`).
-AUTH_KEYS = ("credentials", "jwt_file", "seed_file", "user_file", "password_file")
+AUTH_KEYS = ("credentials", "jwt_file", "seed_file", "user_file", "password_file", "nkey_file", "token_file")
 
 
 def check_auth(value: Mapping[str, str | None], prefix: str, url: str, what: str) -> None:
@@ -311,7 +319,7 @@ def check_auth(value: Mapping[str, str | None], prefix: str, url: str, what: str
         if bool(value[first]) != bool(value[second]):
             raise ValueError(f"{prefix}{first} and {prefix}{second} go together ({meaning})")
     opts = url_options(url)
-    given = [f"{prefix}{k}" for k in ("credentials", "jwt_file", "user_file") if value[k]]
+    given = [f"{prefix}{k}" for k in ("credentials", "jwt_file", "user_file", "nkey_file", "token_file") if value[k]]
     given += [f"{prefix}url ?{k}=" for k in ("credentials", "jwt") if getattr(opts, k)]
     if opts.userinfo:
         given.append(f"{prefix}url {opts.userinfo}@")
@@ -462,6 +470,14 @@ class Profile:
         user, password = getattr(self.settings, f"{side}_user_file"), getattr(self.settings, f"{side}_password_file")
         return (user, password) if user and password else None
 
+    def nkey_for(self, side: Literal["source", "target"]) -> str | None:
+        """A bare nkey seed file of a side (nkey authentication, no JWT)."""
+        return getattr(self.settings, f"{side}_nkey_file")  # type: ignore[no-any-return]
+
+    def token_for(self, side: Literal["source", "target"]) -> str | None:
+        """A token file of a side (token authentication, the token never in a URL)."""
+        return getattr(self.settings, f"{side}_token_file")  # type: ignore[no-any-return]
+
     def connect_timeout_for(self, side: Literal["source", "target"]) -> float | None:
         return self.url_options(side).connect_timeout
 
@@ -491,6 +507,10 @@ class Profile:
             basic = self.basic_auth_for(side)  # type: ignore[arg-type]
             for label, path in zip(("user_file", "password_file"), basic or (), strict=False):
                 if not os.access(path, os.R_OK):
+                    raise ConfigError(f"{self.source}: {self.key(f'{side}_{label}')}: file {path} is not readable")
+            for label in ("nkey_file", "token_file"):
+                path = getattr(self.settings, f"{side}_{label}")
+                if path and not os.access(path, os.R_OK):
                     raise ConfigError(f"{self.source}: {self.key(f'{side}_{label}')}: file {path} is not readable")
 
     def state_file(self) -> Path:

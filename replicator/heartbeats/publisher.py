@@ -44,7 +44,8 @@ def heartbeat_profile(config: Config, replicator: str) -> Profile:
     name = "SR_" + re.sub(r"[^A-Za-z0-9_-]", "_", replicator) + "_HB"
     side: dict[str, object] = {"source_credentials": hb.credentials, "source_jwt_file": hb.jwt_file,
                                "source_seed_file": hb.seed_file, "source_user_file": hb.user_file,
-                               "source_password_file": hb.password_file, "source_tls": hb.tls,
+                               "source_password_file": hb.password_file, "source_nkey_file": hb.nkey_file,
+                               "source_token_file": hb.token_file, "source_tls": hb.tls,
                                "leader_election_bucket": hb.leader_election_bucket}
     topic = TopicConfig(topic=">", source_url=hb.url, target_url=hb.url, name=name,
                         **{k: v for k, v in side.items() if v is not None})  # type: ignore[arg-type]

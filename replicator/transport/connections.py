@@ -41,10 +41,10 @@ def material_files(profile: Profile, side: Side) -> MaterialFiles:
     `?jwt=&nkey=`), or a user name file and a password file. A new credential setting maps onto
     `MaterialFiles` here; reloading, last-good and the connect callbacks then come with it."""
     tls = profile.tls_for(side)
-    jwt, seed = profile.jwt_for(side) or (None, None)
+    jwt, seed = profile.jwt_for(side) or (None, profile.nkey_for(side))
     username, password = profile.basic_auth_for(side) or (None, None)
     files = MaterialFiles(creds=profile.credentials_for(side), jwt=jwt, seed=seed, username=username,
-                          password=password)
+                          password=password, token=profile.token_for(side))
     if tls is None:
         return files
     ca, cert, key = tls.files()
@@ -64,7 +64,7 @@ def load_material(source: MaterialSource, side: str) -> Material:
     except MaterialError as err:
         files = source.files
         what = "credentials file" if err.where in (files.creds, files.jwt, files.seed, files.username,
-                                                   files.password) else "TLS files"
+                                                   files.password, files.token) else "TLS files"
         raise ConnectError(f"{side} {what} unusable: {err}") from None
 
 
@@ -228,6 +228,9 @@ class _Client(Client):
         if material is not None and material.basic is not None:
             self._auth_configured = True
             self.options["user"], self.options["password"] = material.basic.user, material.basic.password
+        if material is not None and material.token is not None:
+            self._auth_configured = True
+            self.options["token"] = material.token
         return super()._connect_command()
 
     async def _process_err(self, err_msg: str) -> None:

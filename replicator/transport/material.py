@@ -37,7 +37,7 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 # Every kind of file a connection may read, in the order they are checked and named in messages.
-ROLES = ("ca", "cert", "key", "creds", "jwt", "seed", "username", "password")
+ROLES = ("ca", "cert", "key", "creds", "jwt", "seed", "username", "password", "token")
 CertificateRole = Literal["client", "ca"]
 
 
@@ -55,7 +55,7 @@ class MaterialFiles:
     """What one side of a connection reads. `tls` is true when TLS is configured at all (without a
     `ca` the system's CAs verify the server); `jwt` + `seed` are a `.creds` file in two parts, a
     `seed` alone is nkey authentication; `username` + `password` are user/password authentication
-    (a `kubernetes.io/basic-auth` Secret's two keys)."""
+    (a `kubernetes.io/basic-auth` Secret's two keys); `token` is token authentication."""
 
     tls: bool = False
     ca: str | None = None
@@ -67,6 +67,7 @@ class MaterialFiles:
     seed: str | None = None
     username: str | None = None
     password: str | None = None
+    token: str | None = None
 
     def paths(self) -> dict[str, str]:
         return {role: path for role in ROLES if (path := getattr(self, role))}
@@ -121,6 +122,7 @@ class Material:
     certificates: tuple[CertificateInfo, ...] = ()
     user: UserIdentity | None = None
     basic: BasicAuth | None = None
+    token: str | None = field(default=None, repr=False)
 
     def not_after(self, role: CertificateRole) -> float | None:
         """The first of `role`'s certificates to expire (a CA bundle may hold several)."""
@@ -137,7 +139,7 @@ def build(files: MaterialFiles, data: Mapping[str, bytes], names: Mapping[str, s
     context = None
     if files.tls:
         context, certificates = _tls(files, data, where)
-    return Material(context, tuple(certificates), _user(data, where), _basic(data, where))
+    return Material(context, tuple(certificates), _user(data, where), _basic(data, where), _token(data, where))
 
 
 def parse_certificates(data: bytes, where: str, role: CertificateRole) -> list[CertificateInfo]:
@@ -252,6 +254,19 @@ def _basic(data: Mapping[str, bytes], where: Mapping[str, str]) -> BasicAuth | N
             raise MaterialError(where[role], "is empty (incomplete?)")
         values[role] = value
     return BasicAuth(values["username"], values["password"])
+
+
+def _token(data: Mapping[str, bytes], where: Mapping[str, str]) -> str | None:
+    """A token file; its trailing line end is not part of the token, an empty file is a half-written one."""
+    if "token" not in data:
+        return None
+    try:
+        value = data["token"].decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise MaterialError(where["token"], "not UTF-8 text (damaged?)") from None
+    if not value:
+        raise MaterialError(where["token"], "is empty (incomplete?)")
+    return value
 
 
 def _undecorated(data: bytes, kind: str) -> bytes:

@@ -210,7 +210,7 @@ def materialise(
     `mounts` maps a pod directory to the Secret mounted there (from the Deployment's volumes).
     """
     config = yaml.safe_load(config_text)
-    for pod_dir, secret in (mounts or {}).items():
+    for pod_dir, secret in (mounts or {}).items():  # a ConfigMap's data is passed like a Secret's
         target = root / pod_dir.lstrip("/")
         target.mkdir(parents=True, exist_ok=True)
         for key, value in ((secrets or {}).get(secret) or {}).items():
@@ -234,6 +234,15 @@ def secret_mounts(deployment: dict[str, Any]) -> dict[str, str]:
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
     mounts = pod["containers"][0]["volumeMounts"]
     return {m["mountPath"]: secrets[m["name"]] for m in mounts if m["name"] in secrets}
+
+
+def config_map_mounts(deployment: dict[str, Any]) -> dict[str, str]:
+    """Pod directory -> ConfigMap name, for the ConfigMaps a Deployment mounts besides its own config
+    (a CA bundle)."""
+    pod = deployment["spec"]["template"]["spec"]
+    maps = {v["name"]: v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v and v["name"] != "config"}
+    mounts = pod["containers"][0]["volumeMounts"]
+    return {m["mountPath"]: maps[m["name"]] for m in mounts if m["name"] in maps}
 
 
 ALL_TLS = frozenset(worker_config.ALL_TLS_KEYS)

@@ -36,7 +36,8 @@ def pod_process(
     """argv, environment and monitor port of the Deployment's container, runnable here."""
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    config = h.materialise(configmap["data"][naming.CONFIG_KEY], root, secrets, h.secret_mounts(deployment))
+    mounts = {**h.secret_mounts(deployment), **h.config_map_mounts(deployment)}
+    config = h.materialise(configmap["data"][naming.CONFIG_KEY], root, secrets, mounts)
     port = free_port()
     for topic in config["topics"].values():
         topic["monitor"] = port
@@ -80,6 +81,9 @@ def secrets_of(api: Api, deployment: dict[str, Any], namespace: str) -> dict[str
     for secret_name in h.secret_mounts(deployment).values():
         secret = api.get(naming.SECRET, namespace, secret_name) or {}
         found[secret_name] = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    for map_name in h.config_map_mounts(deployment).values():  # mounted the same way (a CA bundle)
+        config_map = api.get(naming.CONFIGMAP, namespace, map_name) or {}
+        found[map_name] = {k: str(v).encode() for k, v in (config_map.get("data") or {}).items()}
     return found
 
 

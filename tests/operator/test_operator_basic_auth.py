@@ -100,13 +100,13 @@ def test_the_secrets_keys_are_checked_like_the_others() -> None:
 EXCLUSIVE = [
     ({"credentialsSecret": {"name": "dc2-creds"}},
      "spec.source.credentialsSecret and spec.source.basicAuthSecret exclude each other: one way to "
-     "authenticate the source", "credentialsSecret and basicAuthSecret exclude each other"),
+     "authenticate the source", "credentialsSecret, basicAuthSecret, tokenSecret and nkeySecret exclude each other"),
     ({"url": f"nats://replicator:{PASSWORD}@nats.dc2.example.net:4222"},
      "spec.source.basicAuthSecret and a user:password in spec.source.url exclude each other",
-     "basicAuthSecret and credentials in the url"),
+     "basicAuthSecret, tokenSecret or nkeySecret and credentials in the url"),
     ({"url": "nats://s3cr3t-token@nats.dc2.example.net:4222"},
      "spec.source.basicAuthSecret and a token in spec.source.url exclude each other",
-     "basicAuthSecret and credentials in the url"),
+     "basicAuthSecret, tokenSecret or nkeySecret and credentials in the url"),
 ]
 
 
