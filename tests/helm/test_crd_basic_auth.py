@@ -42,9 +42,10 @@ def test_both_sides_take_a_basic_auth_secret(side: str) -> None:
     assert {k: v.get("default") for k, v in field["properties"].items()} == {
         "name": None, "usernameKey": "username", "passwordKey": "password"}  # a kubernetes.io/basic-auth Secret's
     rules = {r["rule"]: r["message"] for r in _side(side)["x-kubernetes-validations"]}
-    assert "credentialsSecret and basicAuthSecret exclude each other" in rules[
-        "!(has(self.credentialsSecret) && has(self.basicAuthSecret))"]
-    assert "one way to authenticate a side" in rules["!has(self.basicAuthSecret) || !self.url.contains('@')"]
+    (exclusive,) = [m for r, m in rules.items() if r.startswith("(has(self.credentialsSecret) ? 1 : 0)")]
+    assert "credentialsSecret, basicAuthSecret, tokenSecret and nkeySecret exclude each other" in exclusive
+    assert "one way to authenticate a side" in rules[
+        "!(has(self.basicAuthSecret) || has(self.tokenSecret) || has(self.nkeySecret)) || !self.url.contains('@')"]
     assert [r["rule"] for r in field["x-kubernetes-validations"]] == ["self.usernameKey != self.passwordKey"]
 
 

@@ -203,7 +203,7 @@ TEST_EXTRA_MODULES = {
     "pytest_timeout", "pytest-xdist": "xdist", "hypothesis": "hypothesis", "kmock": "kmock", "cel-python": "celpy",
     "kubernetes-validate": "kubernetes_validate", "helm-python-sdk": "helm_python", "jsonschema": "jsonschema",
     "ruff": "ruff", "mypy": "mypy", "types-PyYAML": None, "pillow": "PIL", "setuptools": "setuptools",
-    "jsonpatch": "jsonpatch",
+    "jsonpatch": "jsonpatch", "lupa": "lupa",
 }
 TEST_ONLY = sorted({m for m in TEST_EXTRA_MODULES.values() if m} | {"tests"})
 
