@@ -34,7 +34,6 @@ from replicator.copier.endpoints import (
     PUBLISH_TIMEOUT,
     Endpoints,
     copies_the_rest,
-    flush_counts,
     settle,
     source_identity,
     start_position,
@@ -42,6 +41,7 @@ from replicator.copier.endpoints import (
 )
 from replicator.copier.failure_log import FailureLog
 from replicator.copier.failures import Failure, classify
+from replicator.copier.lag import LagWatch
 from replicator.copier.loops import LoopGuard
 from replicator.copier.loss import LossLedger
 from replicator.copier.poison import StuckWatch, give_up
@@ -103,6 +103,7 @@ class OrderedCopier:
         self.backoff = Backoff()
         self.failures = FailureLog(self.ep)
         self.stuck = StuckWatch(self.ep, self.ep.profile.durable_name)
+        self.lag_watch = LagWatch(self.ep, self.ep.profile.durable_name)  # the lag while copies cannot land
         self.avg_size = 0.0  # payload bytes per message, learned as messages arrive (0: none yet)
         # Consumer (delivery) sequence of the last message delivered: deliveries count up by one, so
         # a jump means messages were lost in transit (a cut link) and must be fetched again.
@@ -227,7 +228,7 @@ class OrderedCopier:
                 puller.size_for(self.avg_size)
                 self.ep.metrics.received_msgs.inc(admitted)
                 self.ep.metrics.received_bytes.inc(received_bytes)
-                flush_counts(self.ep, self.lag)
+                self.lag_watch.flush(self.lag)
                 if self.lag is not None:
                     self.caught_up = self.lag == "0"
                 self.lag = None
@@ -249,6 +250,7 @@ class OrderedCopier:
             if now - idle_checks > 1.0:
                 idle_checks = now
                 await self._check_stalled(now)
+                await self.lag_watch.check(now, self.committed, bool(self.window or puller.buffer), not self.caught_up)
 
     def _take_run(self, buffer: deque[RawMsg], most: int, limit: int) -> Run:
         """The skips and copies at the buffer's front, in one compiled call (`admission.py`); the

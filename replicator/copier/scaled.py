@@ -24,7 +24,6 @@ from replicator.copier.endpoints import (
     POISON_ATTEMPTS,
     PUBLISH_TIMEOUT,
     Endpoints,
-    flush_counts,
     settle,
     source_identity,
     start_position,
@@ -32,6 +31,7 @@ from replicator.copier.endpoints import (
 )
 from replicator.copier.failures import Failure, classify
 from replicator.copier.headers import TargetFeatures
+from replicator.copier.lag import LagWatch
 from replicator.copier.loops import LoopGuard
 from replicator.copier.loss import LossLedger
 from replicator.copier.poison import StuckWatch, describe, give_up
@@ -135,6 +135,9 @@ class ScaledWorker:
         self.last_cseq = 0
         self.bound = False  # pull nothing until bound (again: the stream's identity is in doubt)
         self.stuck = StuckWatch(self.ep, self.ep.profile.group_name)
+        self.lag_watch = LagWatch(self.ep, self.ep.profile.group_name)  # the lag while copies cannot land
+        self.landed = 0  # copies acked so far: `lag_watch`'s progress marker
+        self.behind = False  # the latest delivery had messages pending behind it
         self.features_read = 0.0
 
     async def _bind(self) -> None:
@@ -261,6 +264,7 @@ class ScaledWorker:
                 if now - last_check > 1.0:
                     last_check = now
                     await self._expire(now)
+                    await self.lag_watch.check(now, self.landed, bool(self.in_flight or puller.buffer), self.behind)
                     if self.group.loss is not None and now - self.group.loss.checked >= 1.0:
                         await self.group.loss.check()
                     if self.bound and (self.stuck.since or now - self.group.read_at > GROUP_READ_EVERY):
@@ -331,7 +335,8 @@ class ScaledWorker:
     def _flush_counts(self) -> None:
         if self.lag is not None:
             self.ep.metrics.current_sequence.set(self.last_seq)
-        flush_counts(self.ep, self.lag)
+            self.behind = self.lag != "0"
+        self.lag_watch.flush(self.lag)
         self.lag = None
 
     def _finished(self, key: object, _pub_ack: bytes, error: PublishError | None) -> None:
@@ -388,6 +393,7 @@ class ScaledWorker:
             observe_many(m.processing_time, [now - t for t in started])
             m.copied_msgs.inc(len(acks))
             m.copied_bytes.inc(copied_bytes)
+            self.landed += len(acks)
             m.target_blocked.set(0)
 
     async def _expire(self, now: float) -> None:

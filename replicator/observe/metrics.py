@@ -52,7 +52,7 @@ COUNTERS = {
 
 GAUGES = {
     "current_sequence": "Last source stream sequence copied or skipped by this worker",
-    "lag_msgs": "Messages pending on the source consumer (not yet delivered or acknowledged)",
+    "lag_msgs": "Messages on the source consumer not yet copied (pending; plus unacknowledged while copies wait)",
     "limiter_memory_seen": "Senders the limiter currently tracks",
     "leader": "1 while this worker is the elected leader of its topic (or election is off), else 0",
     "target_blocked": "1 while the target refuses messages (e.g. stream full), else 0",

@@ -8,7 +8,6 @@ import asyncio
 from pathlib import Path
 
 import nats
-import pytest
 
 from replicator.demo.local_nats import LocalNatsServer
 from tests.support.system import seams
@@ -55,11 +54,6 @@ async def test_a_worker_that_cannot_reach_its_target_fires_not_ready_and_it_reso
         await system.until(lambda: seams.active_alerts(system) == [], 60, "no alert left")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found by this harness: a worker's stream_replicator_lag_msgs is set only from the deliveries' "
-    "metadata (replicator/copier/endpoints.py flush_counts), so it freezes while the copy loop waits "
-    "for a target that is down: LagGrowing and Stuck's pending-messages half cannot fire for a target "
-    "outage. A data-plane fix (issue 35's files) turns this into a pass; remove the mark then"))
 async def test_target_down_fires_lag_growing_and_stuck(
     tmp_path: Path, source_server: LocalNatsServer, target_server: LocalNatsServer
 ) -> None:
