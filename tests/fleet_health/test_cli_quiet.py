@@ -29,7 +29,7 @@ async def test_spark_start_up_noise_only_with_verbose(verbose: bool, source_serv
             "--now", str(NOW), *(["--verbose"] if verbose else [])]
     done = subprocess.run([sys.executable, "-m", "replicator", *args], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.splitlines()[-1].split() == ["fleet", "(3", "sites)", "8", "5", "2", "1", "71.43%"]
+    assert done.stdout.splitlines()[-1].split() == ["fleet", "(3", "sites)", "8", "5", "2", "1", "0", "71.43%"]
     printed = [noise for noise in NOISE if noise in done.stdout + done.stderr]
     if verbose:  # the banner always; the JVM's own warnings depend on the JDK
         assert {"Using Spark's default log4j profile", "Setting default log level"} <= set(printed), done.stderr
