@@ -14,9 +14,10 @@ from tests.support.system import seams
 from tests.support.system.installed import installed, monitoring_values
 from tests.support.system.scenario import NS, add_stream, replication, trickle
 
-# The rows and series a healthy install without TLS and without a fleet-health run has no producer
-# for: certificates (no TLS here) and the fleet's summary (no Spark run here).
-NO_PRODUCER_ROWS = {"Fleet health"}
+# The rows and series a healthy install without TLS, without a fleet-health run and without a
+# native-engine resource has no producer for: certificates (no TLS here), the fleet's summary (no
+# Spark run here) and the native engine's series (tests/system/test_native.py runs one).
+NO_PRODUCER_ROWS = {"Fleet health", "Native engine"}
 NO_PRODUCER_SERIES = {
     "stream_replicator_certificate_remaining_seconds",
     "stream_replicator_fleet_health_last_run_timestamp_seconds",
