@@ -29,6 +29,7 @@ from tests.copier.helpers import (
     write_config,
 )
 from tests.support.faults import read_stream, stream_count, wait_count
+from tests.support.leafnodes import leaf_and_hub
 
 
 def test_subject_patterns_meet() -> None:
@@ -42,13 +43,9 @@ def test_subject_patterns_meet() -> None:
 @pytest.fixture
 def region_and_city(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNatsServer, LocalNatsServer]]:
     """(region, city): the city is a leafnode of its region, the same account, each its own JetStream domain."""
-    region = LocalNatsServer(name="region", store_dir=tmp_path_factory.mktemp("region"), domain="region",
-                             leafnode_listen=True).start()
-    city = LocalNatsServer(name="city", store_dir=tmp_path_factory.mktemp("city"), domain="city",
-                           leafnode_remote=f"nats://127.0.0.1:{region.leafnode_port}").start()
-    yield region, city
-    city.close()
-    region.close()
+    stores = tmp_path_factory.mktemp("city"), tmp_path_factory.mktemp("region")
+    with leaf_and_hub(*stores, leaf="city", hub="region") as (city, region):
+        yield region, city
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from replicator.demo.local_nats import LocalNatsServer
 from tests.operator.helpers import Api
 from tests.operator.pods import Kubelet
 from tests.support.kube_emulator import ClusterEmulator, wait_for
+from tests.support.leafnodes import leaf_and_hub
 
 NS = "native"
 LEAF_API = "$JS.leaf.API"
@@ -35,13 +36,8 @@ LEAF_API = "$JS.leaf.API"
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNatsServer, LocalNatsServer]]:
     """(leaf, hub): the leaf connects to the hub's leafnode port."""
-    hub = LocalNatsServer(name="hub", store_dir=tmp_path_factory.mktemp("hub"), domain="hub",
-                          leafnode_listen=True).start()
-    leaf = LocalNatsServer(name="leaf", store_dir=tmp_path_factory.mktemp("leaf"), domain="leaf",
-                           leafnode_remote=f"nats://127.0.0.1:{hub.leafnode_port}").start()
-    yield leaf, hub
-    leaf.close()
-    hub.close()
+    with leaf_and_hub(tmp_path_factory.mktemp("leaf"), tmp_path_factory.mktemp("hub")) as linked:
+        yield linked
 
 
 @pytest.fixture

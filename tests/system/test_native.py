@@ -12,6 +12,7 @@ import nats
 import pytest
 
 from replicator.demo.local_nats import LocalNatsServer
+from tests.support.leafnodes import leaf_and_hub
 from tests.support.system import seams
 from tests.support.system.installed import installed, monitoring_values
 from tests.support.system.scenario import API_VERSION, KIND, NS, trickle
@@ -20,13 +21,8 @@ from tests.support.system.scenario import API_VERSION, KIND, NS, trickle
 @pytest.fixture
 def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNatsServer, LocalNatsServer]]:
     """(leaf, hub): the leaf connects to the hub's leafnode port."""
-    hub = LocalNatsServer(name="hub", store_dir=tmp_path_factory.mktemp("hub"), domain="hub",
-                          leafnode_listen=True).start()
-    leaf = LocalNatsServer(name="leaf", store_dir=tmp_path_factory.mktemp("leaf"), domain="leaf",
-                           leafnode_remote=f"nats://127.0.0.1:{hub.leafnode_port}").start()
-    yield leaf, hub
-    leaf.close()
-    hub.close()
+    with leaf_and_hub(tmp_path_factory.mktemp("leaf"), tmp_path_factory.mktemp("hub")) as linked:
+        yield linked
 
 
 async def _linked(hub: LocalNatsServer) -> None:
