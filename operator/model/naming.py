@@ -146,6 +146,10 @@ class Kind:
 
 STREAM_REPLICATION = Kind(GROUP, VERSION, KIND, PLURAL)
 CONFIGMAP = Kind("", "v1", "ConfigMap", "configmaps")
+# The shared connection a side may name (model/connection.py).
+CONNECTION_KIND = "NatsConnection"
+CONNECTION_PLURAL = "natsconnections"
+NATS_CONNECTION = Kind(GROUP, VERSION, CONNECTION_KIND, CONNECTION_PLURAL)
 SERVICE = Kind("", "v1", "Service", "services")
 SECRET = Kind("", "v1", "Secret", "secrets")
 DEPLOYMENT = Kind("apps", "v1", "Deployment", "deployments")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from replication_operator.model import naming
 from replication_operator.model.fields import (
     DURATION,
@@ -96,18 +96,32 @@ ONE_WAY_RULES = [
      "message": "credentialsSecret, basicAuthSecret, tokenSecret and nkeySecret exclude each other: one way to "
                 "authenticate a side"},
     {"rule": "!(has(self.basicAuthSecret) || has(self.tokenSecret) || has(self.nkeySecret)) || "
-             "!self.url.contains('@')",
+             "!has(self.url) || !self.url.contains('@')",
      "message": "a basicAuthSecret, tokenSecret or nkeySecret and credentials in the url (user:password@ or token@) "
                 "exclude each other: one way to authenticate a side"},
+]
+CONNECTION_RULES = [
+    {"rule": "has(self.url) != has(self.connectionRef)",
+     "message": "url or connectionRef: exactly one (a connectionRef names the NatsConnection that holds the url)"},
+    {"rule": "!has(self.connectionRef) || !(has(self.credentialsSecret) || has(self.basicAuthSecret) || "
+             "has(self.tokenSecret) || has(self.nkeySecret) || has(self.tlsSecret) || has(self.caConfigMap) || "
+             "has(self.tlsKeys))",
+     "message": "connectionRef excludes credentialsSecret, basicAuthSecret, tokenSecret, nkeySecret, tlsSecret, "
+                "caConfigMap and tlsKeys: the NatsConnection holds them"},
 ]
 URL_DESCRIPTION = ("Comma-separated NATS URLs (nats://, tls://, ws://, wss://). A user:password written here is "
                    "copied into the worker's ConfigMap: name a basicAuthSecret instead.")
 
 
-class Endpoint(Model):
-    """One side of the replication: NATS URL, stream and the Secrets to reach it."""
+class ConnectionRef(Model):
+    name: str = name_field("Name of the NatsConnection, in the StreamReplication's namespace.")
 
-    side: ClassVar[Side]
+
+class Connection(Model):
+    """How to reach a NATS cluster: URLs, TLS and one way to authenticate. A side of a StreamReplication
+    writes it inline (`Endpoint`), or names a NatsConnection (model/connection.py) that holds it."""
+
+    side: ClassVar[str] = ""  # "source" or "target": where the fields sit, for messages ("": a NatsConnection)
 
     url: str = field(URL_DESCRIPTION, maxLength=2048, pattern=NATS_URLS)
     credentials_secret: SecretKeyRef | None = field("Secret holding a NATS credentials (.creds) file.", None)
@@ -131,6 +145,11 @@ class Endpoint(Model):
         "Key names inside tlsSecret when they are not cert-manager's `ca.crt`, `tls.crt`, `tls.key`.", None)
 
     @property
+    def where(self) -> str:
+        """Where these fields sit in their resource: `spec.source`, `spec.target`, or `spec`."""
+        return f"spec.{self.side}" if self.side else "spec"
+
+    @property
     def tls_names(self) -> tuple[str, str, str]:
         """(CA, certificate, key) names inside the TLS Secret."""
         keys = self.tls_keys or TlsKeys()
@@ -147,29 +166,64 @@ class Endpoint(Model):
 
     def auth_ways(self) -> list[str]:
         """The ways this side authenticates, as the fields that give them: Secrets and what its URL carries."""
-        side = self.side
-        ways = [f"spec.{side}.{k}" for k, v in (("credentialsSecret", self.credentials_secret),
-                                                ("basicAuthSecret", self.basic_auth_secret),
-                                                ("tokenSecret", self.token_secret),
-                                                ("nkeySecret", self.nkey_secret)) if v]
+        where = self.where
+        ways = [f"{where}.{k}" for k, v in (("credentialsSecret", self.credentials_secret),
+                                            ("basicAuthSecret", self.basic_auth_secret),
+                                            ("tokenSecret", self.token_secret),
+                                            ("nkeySecret", self.nkey_secret)) if v]
         try:
             opts = url_options(self.url)
         except ValueError:
             return ways  # the worker config's validation names the URL's problem
         if opts.userinfo:
-            ways.append(f"a {opts.userinfo} in spec.{side}.url")
-        ways += [f"?{k}= in spec.{side}.url" for k in ("credentials", "jwt") if getattr(opts, k)]
+            ways.append(f"a {opts.userinfo} in {where}.url")
+        ways += [f"?{k}= in {where}.url" for k in ("credentials", "jwt") if getattr(opts, k)]
         return ways
 
     @model_validator(mode="after")
-    def _one_way_to_authenticate(self) -> Endpoint:
+    def _one_way_to_authenticate(self) -> Connection:
         ways = self.auth_ways()
         if len(ways) > 1:
-            raise ValueError(f"{' and '.join(ways)} exclude each other: one way to authenticate the {self.side}")
+            raise ValueError(f"{' and '.join(ways)} exclude each other: one way to authenticate the "
+                             f"{self.side or 'connection'}")
         ref = self.basic_auth_secret
         if ref is not None and ref.username_key == ref.password_key:
-            raise ValueError(f"spec.{self.side}.basicAuthSecret: usernameKey and passwordKey must differ, not both "
+            raise ValueError(f"{self.where}.basicAuthSecret: usernameKey and passwordKey must differ, not both "
                              f"{ref.username_key!r}")
+        return self
+
+
+def _url_or_reference(schema: dict[str, Any]) -> None:
+    """A side's url in the CRD: the pattern, and no default (a connectionRef stands in for it)."""
+    schema.pop("default", None)
+    schema.update(maxLength=2048, pattern=NATS_URLS)
+
+
+class Endpoint(Connection):
+    """One side of the replication: NATS URL, stream and the Secrets to reach it, written here or held by
+    a NatsConnection that `connectionRef` names (the reconciler lays its fields in before use)."""
+
+    side: ClassVar[Side]
+
+    url: str = Field("", description=URL_DESCRIPTION + " Excludes connectionRef.",
+                     json_schema_extra=_url_or_reference)
+    connection_ref: ConnectionRef | None = field(
+        "A NatsConnection in this namespace holding the URL, TLS and credentials Secrets of this side, shared by "
+        "many StreamReplications; excludes url and the Secret, TLS and CA fields here.", None)
+
+    def inline(self) -> list[str]:
+        """The connection fields written here (what a connectionRef excludes)."""
+        return [f"{self.where}.{info.alias or name}" for name, info in Connection.model_fields.items()
+                if getattr(self, name)]
+
+    @model_validator(mode="after")
+    def _inline_or_shared(self) -> Endpoint:
+        if self.connection_ref is None and not self.url:
+            raise ValueError(f"{self.where}.url is required (or {self.where}.connectionRef, a NatsConnection)")
+        if self.connection_ref is not None and self.inline():
+            raise ValueError(f"{self.where}.connectionRef and {', '.join(self.inline())} exclude each other: the "
+                             f"NatsConnection \"{self.connection_ref.name}\" holds the {self.side}'s URL, TLS and "
+                             "credentials")
         return self
 
 
@@ -181,7 +235,7 @@ class Source(Endpoint):
         {"rule": "!(has(self.domain) && has(self.apiPrefix))", "message": "source takes domain or apiPrefix, not both"},
         {"rule": "!has(self.deliverPrefix) || has(self.apiPrefix)",
          "message": "source.deliverPrefix needs source.apiPrefix"},
-        *ONE_WAY_RULES]}}
+        *ONE_WAY_RULES, *CONNECTION_RULES]}}
     side: ClassVar[Side] = "source"
 
     stream: str | None = field("Source JetStream stream; found by the topic when absent.", None,
@@ -208,7 +262,7 @@ class Source(Endpoint):
 class Target(Endpoint):
     """The cluster and stream the copies go to, and how a missing stream is created."""
 
-    model_config = {"json_schema_extra": {"x-kubernetes-validations": ONE_WAY_RULES}}
+    model_config = {"json_schema_extra": {"x-kubernetes-validations": [*ONE_WAY_RULES, *CONNECTION_RULES]}}
     side: ClassVar[Side] = "target"
 
     stream: str | None = field("Target JetStream stream; defaults to the source stream's name.", None,
@@ -505,6 +559,9 @@ def _problem(error: Mapping[str, Any]) -> str:
         allowed = str((error.get("ctx") or {}).get("expected", "")).replace("'", "")
         return f"{where} must be {allowed}, not {error['input']!r}"
     return f"{where}: {error['msg']}"
+
+
+problem_text = _problem  # a NatsConnection's errors, in the same words (model/connection.py)
 
 
 def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:
