@@ -179,7 +179,7 @@ def register_connection_watch(registry: kopf.OperatorRegistry, reconciler: Recon
         await watch.on_connection_event(type or "", body)
 
     @kopf.on.startup(id="connection-checks-start", registry=registry)
-    def start_checks(**_: Any) -> None:
+    async def start_checks(**_: Any) -> None:
         watch.start()
 
     @kopf.on.cleanup(id="connection-checks-stop", registry=registry)

@@ -160,7 +160,7 @@ SCHEDULED_SPARK_APPLICATION = Kind(
     "sparkoperator.k8s.io", "v1beta2", "ScheduledSparkApplication", "scheduledsparkapplications"
 )
 CHILD_KINDS = (CONFIGMAP, SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR, SCHEDULED_SPARK_APPLICATION, NETWORK_POLICY)
-KINDS_BY_API = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, STREAM_REPLICATION)}
+KINDS_BY_API = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, STREAM_REPLICATION, NATS_CONNECTION)}
 
 
 def kind_of(obj: dict[str, object]) -> Kind:
