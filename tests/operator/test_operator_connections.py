@@ -32,10 +32,11 @@ TOKEN = "tk-shared-Zq81-s3cr3t"
 
 def user(name: str = "orders", source: dict[str, Any] | None = None, **target: Any) -> dict[str, Any]:
     """A StreamReplication whose source names the NatsConnection `city-nats` (or `source`)."""
+    source = {"connectionRef": {"name": "city-nats"}} if source is None else source
     return {
         "apiVersion": naming.API_VERSION, "kind": naming.KIND, "metadata": {"name": name, "namespace": NS},
         "spec": {"engine": "replicator", "topic": "acme.cmdb.>",
-                 "source": {"stream": "CMDB", **({"connectionRef": {"name": "city-nats"}} if source is None else source)},
+                 "source": {"stream": "CMDB", **source},
                  "target": {"stream": "CMDB_COPY", **(target or {"url": "nats://127.0.0.1:1"})}},
     }
 
