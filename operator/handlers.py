@@ -168,7 +168,6 @@ def register_connection_watch(registry: kopf.OperatorRegistry, reconciler: Recon
     """NatsConnections: their users indexed from the StreamReplications' events, their changes handed on
     to those users, their connectivity checked (no finalizer and no annotation on them: events only)."""
     watch = ConnectionWatch(reconciler, interval=max(reconciler.config.status_interval, CONNECTION_CHECK_MIN))
-    reconciler.connection_watch = watch
 
     @kopf.on.event(naming.GROUP, naming.VERSION, naming.PLURAL, id="connection-users", registry=registry)
     def on_user(type: str, body: kopf.Body, **_: Any) -> None:

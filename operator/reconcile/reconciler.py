@@ -62,7 +62,6 @@ class Reconciler:
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self.metrics = metrics or OperatorMetrics()
         self.metrics_server: MonitorServer | None = None  # set when `/metrics` is served
-        self.connection_watch: Any = None  # the NatsConnections' ConnectionWatch, once handlers are registered
         self.memory: dict[str, Memory] = {}
         self.events = Events()
         self.secrets = Secrets(self.api, self.policy)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import celpy
+import jsonschema
 import pytest
 import yaml
 from replication_operator.build.children import build_children
@@ -102,6 +104,30 @@ def test_a_connection_takes_one_way_to_authenticate() -> None:
         parse_connection(body)
     with pytest.raises(SpecError, match=r"spec\.url is required"):
         parse_connection(shared(tokenSecret={"name": "t"}))
+
+
+def connection_errors(obj: dict[str, Any]) -> list[str]:
+    """What the API server would reject of a NatsConnection: its CRD's schema, then its CEL rules."""
+    schema = yaml.safe_load(crd.render_connection())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    validator = jsonschema.Draft7Validator(h._openapi_to_jsonschema(schema))
+    errors = [e.message for e in validator.iter_errors(obj)]
+    for path, _node, rule in h.cel_rules(schema):
+        value = h._at(obj, path)
+        if value is not None and not bool(h._cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})):
+            errors.append(rule["message"])
+    return errors
+
+
+def test_the_example_connections_are_valid_and_the_crd_refuses_two_ways() -> None:
+    examples = h.example_connections()
+    assert examples, "examples/shared-connection.yaml"
+    for name, spec in examples.items():
+        assert connection_errors(shared(name, **spec)) == [], name
+        parse_connection(shared(name, **spec))
+    assert any("exclude each other" in e for e in connection_errors(
+        shared(url="nats://a:4222", tokenSecret={"name": "t"}, nkeySecret={"name": "n"})))
+    assert any("'url' is a required property" in e for e in connection_errors(shared(tokenSecret={"name": "t"})))
+    assert any("does not match" in e for e in connection_errors(shared(url="http://a:4222")))
 
 
 # ---- what a reference builds, and the policy on it ----
