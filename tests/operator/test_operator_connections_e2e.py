@@ -1,9 +1,9 @@
 """A StreamReplication whose source and target name NatsConnections, through the real operator process
 (the console script against the API emulator) and real nats-servers that demand a token (source) and a
-user and password (target): the Deployment's container, run here with the Secrets' files, copies; the
-operator's own connections sign in through the references; an edit of a connection reaches the
-ConfigMap; and neither the token nor the password is in any object the emulator ever held, a URL,
-the operator's log or the worker's log."""
+user and password or an nkey (target): the Deployment's container, run here with the Secrets' files,
+copies; the operator's own connections sign in through the references; an edit of a connection reaches
+the ConfigMap; and no credential is in any object the emulator ever held, a URL, the operator's log
+or the worker's log."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import kmock
 import nats
+import pytest
 from replication_operator.model import naming
 
 from replicator.demo.local_nats import LocalNatsServer
@@ -24,6 +25,7 @@ from tests.operator.helpers import Api
 from tests.operator.test_operator_e2e import NS, _run_pods
 from tests.operator.test_operator_main import SCRIPT, _kubeconfig, _start
 from tests.support.kube_emulator import ClusterEmulator, wait_for
+from tests.support.nats_jwt import Key
 
 TOKEN = "tk-city-8Hq2-never-shown"
 USER, PASSWORD = "replicator", "pw-central-4Kd9-never-shown"
@@ -51,24 +53,38 @@ def _everything(cluster: ClusterEmulator) -> str:
     return "\n".join(texts)
 
 
-async def test_a_shared_connection_copies_and_its_secrets_stay_in_their_secrets(tmp_path: Path) -> None:
+def _target(kind: str) -> tuple[str, dict[str, bytes], dict[str, Any], dict[str, Any], str, str]:
+    """(server config, the Secret's data, the connection's auth field, the test client's options, the
+    secret, the mounted file's config path) for a target that wants a user and password, or an nkey."""
+    if kind == "basic":
+        return (f'authorization {{ users = [ {{ user: "{USER}", password: "{PASSWORD}" }} ] }}',
+                {"username": USER.encode(), "password": PASSWORD.encode()},
+                {"basicAuthSecret": {"name": "central-login"}}, {"user": USER, "password": PASSWORD}, PASSWORD,
+                "target-basic-auth/password")
+    key = Key.create("user")
+    return (f'authorization {{ users = [ {{ nkey: "{key.public}" }} ] }}', {"nkey.seed": key.seed},
+            {"nkeySecret": {"name": "central-login"}}, {"nkeys_seed_str": key.seed.decode()}, key.seed.decode(),
+            "target-nkey/nkey.seed")
+
+
+@pytest.mark.parametrize("kind", ["basic", "nkey"])
+async def test_a_shared_connection_copies_and_its_secrets_stay_in_their_secrets(tmp_path: Path, kind: str) -> None:
     source_auth = f'authorization {{ token: "{TOKEN}" }}'
-    target_auth = f'authorization {{ users = [ {{ user: "{USER}", password: "{PASSWORD}" }} ] }}'
+    target_auth, target_data, target_ref, target_options, target_secret, target_file = _target(kind)
     with LocalNatsServer(name="city", extra_config=source_auth) as source, \
             LocalNatsServer(name="central", extra_config=target_auth) as target:
         async with ClusterEmulator() as cluster, kmock.Server(cluster):
             api = Api(cluster)
             await api.create(h.fake_secret("city-token", NS, {"token": TOKEN.encode()}))
-            await api.create(h.fake_secret("central-login", NS, {"username": USER.encode(),
-                                                                 "password": PASSWORD.encode()}))
+            await api.create(h.fake_secret("central-login", NS, target_data))
             await api.create(_connection("city", source.url, tokenSecret={"name": "city-token"}))
-            await api.create(_connection("central", target.url, basicAuthSecret={"name": "central-login"}))
+            await api.create(_connection("central", target.url, **target_ref))
             env = dict(os.environ, KUBECONFIG=str(_kubeconfig(tmp_path / "kubeconfig", str(cluster.url))),
                        STREAM_REPLICATOR_STATUS_INTERVAL="0.5")
             log = tmp_path / "operator.log"
             proc = _start([SCRIPT, "--all-namespaces", "--standalone", "--liveness", ""], env, log)
             source_nc = await nats.connect(source.url, token=TOKEN)
-            target_nc = await nats.connect(target.url, user=USER, password=PASSWORD)
+            target_nc = await nats.connect(target.url, **target_options)
             try:
                 await api.create({
                     "apiVersion": naming.API_VERSION, "kind": naming.KIND, "metadata": {"name": NAME, "namespace": NS},
@@ -91,7 +107,7 @@ async def test_a_shared_connection_copies_and_its_secrets_stay_in_their_secrets(
                 assert configmap is not None
                 text = configmap["data"][naming.CONFIG_KEY]
                 assert f"source_url: {source.url}" in text and f"target_url: {target.url}" in text  # no userinfo
-                assert "source-token/token" in text and "target-basic-auth/password" in text  # paths, not values
+                assert "source-token/token" in text and target_file in text  # paths, not values
                 assert "@" not in text
 
                 # An edit of a connection reaches the user's ConfigMap (and so its pods).
@@ -109,5 +125,5 @@ async def test_a_shared_connection_copies_and_its_secrets_stay_in_their_secrets(
                     "the worker's log": (tmp_path / "pod0.log").read_text()}
             assert NAME in seen["the emulator's objects"] and seen["the operator's log"]
             for where, text in seen.items():
-                for secret in (TOKEN, PASSWORD):
+                for secret in (TOKEN, target_secret):
                     assert secret not in text, f"a credential in {where}"
