@@ -59,7 +59,10 @@ class ConnectionWatch:
             self.users.get((ns, conn), set()).discard(name)
         for conn in now - before:
             self.users.setdefault((ns, conn), set()).add(name)
-        self.named[(ns, name)] = now
+        if now:
+            self.named[(ns, name)] = now
+        else:
+            self.named.pop((ns, name), None)
         self.wake.set()  # the users lists changed
 
     def users_of(self, key: Key) -> list[str]:

@@ -207,9 +207,15 @@ async def test_an_edit_reaches_every_user(api: Api, operator: Reconciler) -> Non
                        {f"{naming.SECRETS_DIR}/source-nkey": "city-nkey"}, within=10)
     assert all("source-nkey/nkey.seed" in c for c in configs())
 
-    await api.delete(naming.NATS_CONNECTION, NS, "city-nats")  # its users say so; their pods stay
+    running = api.get(naming.DEPLOYMENT, NS, "orders")
+    await api.delete(naming.NATS_CONNECTION, NS, "city-nats")  # its users say so; their pods stay as they are
     await wait_for(lambda: condition(api, "Degraded").get("reason") == st.CONNECTION_MISSING, within=10)
-    assert api.get(naming.DEPLOYMENT, NS, "orders") is not None
+    await wait_for(lambda: condition(api, "Degraded", "billing").get("reason") == st.CONNECTION_MISSING, within=10)
+    assert condition(api, "Stalled")["status"] == "True"
+    kept = api.get(naming.DEPLOYMENT, NS, "orders")
+    assert kept is not None and running is not None
+    assert kept["spec"] == running["spec"] and kept["metadata"]["resourceVersion"] == \
+        running["metadata"]["resourceVersion"]
 
 
 async def test_the_status_lists_users_and_says_whether_it_connects(api: Api, operator: Reconciler) -> None:
