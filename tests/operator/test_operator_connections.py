@@ -6,6 +6,7 @@ accepts the connection's credentials."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -24,8 +25,9 @@ from replication_operator.reconcile.reconciler import Reconciler
 
 from replicator.demo.local_nats import LocalNatsServer, free_port
 from tests.operator import helpers as h
+from tests.operator.conftest import FAST
 from tests.operator.helpers import Api
-from tests.support.kube_emulator import wait_for
+from tests.support.kube_emulator import ClusterEmulator, embedded_operator, wait_for
 from tests.support.nats_jwt import Key
 
 NS = "conn"
@@ -251,3 +253,18 @@ async def test_the_status_lists_users_and_says_whether_it_connects(api: Api, ope
     for name in ("city-nats", "wrong", "down", "no-secret"):
         shown = json.dumps(api.get(naming.NATS_CONNECTION, NS, name))
         assert TOKEN not in shown and "not-the-token-x7" not in shown
+
+
+async def test_the_host_rule_holds_for_a_connection_and_its_check(api: Api, cluster: ClusterEmulator) -> None:
+    """A policy that allows only `*.internal` refuses the resource that names a loopback connection, and
+    the operator's own check of that connection does not connect either."""
+    config = dataclasses.replace(FAST, allowed_nats_hosts=("*.internal",))
+    async with embedded_operator(str(cluster.url), config=config):
+        await api.create(shared(url="nats://127.0.0.1:1"))
+        await api.create(user(url="nats://central.internal:4222"))
+        await wait_for(lambda: condition(api, "Degraded").get("reason") == policy.HOST_NOT_ALLOWED, within=10)
+        assert condition(api, "Degraded")["message"].startswith(
+            'natsconnection "city-nats" spec.url (spec.source.connectionRef): host "127.0.0.1" is not an allowed')
+        assert api.get(naming.CONFIGMAP, NS, "orders-config") is None
+        await wait_for(lambda: connected(api).get("reason") == policy.HOST_NOT_ALLOWED, within=10)
+        assert connected(api)["status"] == "False"
