@@ -21,7 +21,8 @@ from replication_operator.checks.certificates import config_map_certificates, se
 from replication_operator.kube import APIError, KubeApi, error_text
 from replication_operator.model import naming
 from replication_operator.model import status as st
-from replication_operator.model.spec import Connection, Endpoint, ReplicationSpec, Side
+from replication_operator.model.connection_fields import Connection
+from replication_operator.model.spec import Endpoint, ReplicationSpec, Side
 from replication_operator.nats import connection
 
 PULL_SECRET_KEY = ".dockerconfigjson"  # a kubernetes.io/dockerconfigjson Secret's one key

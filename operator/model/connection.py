@@ -1,7 +1,7 @@
 """NatsConnection: one NATS cluster's URLs, TLS and credential Secrets, named by the source and target
 of many StreamReplications (`connectionRef`) instead of written into each.
 
-Its spec is the side models' `Connection` itself (model/spec.py): the same fields, rules and
+Its spec is the side models' `Connection` itself (model/connection_fields.py): the same fields, rules and
 descriptions, so a referenced connection is read, mounted and policed exactly as an inline one.
 `resolved` lays a NatsConnection's fields into the sides that name it (pure); the reconciler does
 that before the policy, the Secrets check and the builders see the spec.
@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
+from replication_operator.model.connection_fields import ONE_WAY_RULES, Connection
 from replication_operator.model.fields import Model, field
 from replication_operator.model.spec import (
-    ONE_WAY_RULES,
-    Connection,
     Endpoint,
     ReplicationSpec,
     Side,

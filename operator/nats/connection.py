@@ -18,7 +18,7 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client
-from replication_operator.model.spec import Connection
+from replication_operator.model.connection_fields import Connection
 
 from replicator.config import redact_url
 from replicator.transport.errors import NATS_ERRORS
