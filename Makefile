@@ -55,7 +55,8 @@ image-test: $(STAMP)
 
 # The StreamReplication CRD is generated from the operator's typed models (operator/model/): edit those,
 # then regenerate both copies; tests/operator/test_operator_crd.py fails while either differs.
-CRD_FILES := crds/streamreplications.streamreplicator.io.yaml helm/stream-replicator/crds/streamreplications.streamreplicator.io.yaml
+CRD_FILES := crds/streamreplications.streamreplicator.io.yaml helm/stream-replicator/crds/streamreplications.streamreplicator.io.yaml \
+	crds/natsconnections.streamreplicator.io.yaml helm/stream-replicator/crds/natsconnections.streamreplicator.io.yaml
 
 crd: $(STAMP)
 	$(BIN)/python -m replication_operator.model.crd $(CRD_FILES)

@@ -18,6 +18,7 @@ from replication_operator.kube import APIError
 from replication_operator.model import naming
 from replication_operator.model.spec import SpecError
 from replication_operator.nats.connection import NatsStatusError
+from replication_operator.reconcile.connection_watch import ConnectionWatch
 from replication_operator.reconcile.reconciler import Reconciler, WorkersRunning
 
 from replicator.observe.monitor import MonitorServer
@@ -27,6 +28,7 @@ RETRY_DELAY = 10.0
 # long, the resource goes anyway (a Warning event says the entry is left behind).
 FINALIZE_RETRIES = 30  # at FINALIZE_BACKOFF: worker pods get 90 s to stop before the durable is left
 FINALIZE_BACKOFF = 3.0
+CONNECTION_CHECK_MIN = 10.0  # a NatsConnection's connectivity is checked again at most this often (and on each edit)
 
 Login = Callable[..., Any]  # kopf's login handler signature: returns a kopf.ConnectionInfo (or None)
 
@@ -146,6 +148,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
 
     for kind in naming.CHILD_KINDS:
         register_child_watch(registry, reconciler, kind)
+    register_connection_watch(registry, reconciler)
 
     @kopf.on.probe(id="resources", registry=registry)
     def count_resources(**_: Any) -> int:
@@ -159,6 +162,30 @@ def register_child_watch(registry: kopf.OperatorRegistry, reconciler: Reconciler
                    labels={naming.LABEL_MANAGED_BY: naming.MANAGER}, registry=registry)
     async def on_child(type: str, body: kopf.Body, **_: Any) -> None:
         await reconciler.on_child_event(type or "", body)
+
+
+def register_connection_watch(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> ConnectionWatch:
+    """NatsConnections: their users indexed from the StreamReplications' events, their changes handed on
+    to those users, their connectivity checked (no finalizer and no annotation on them: events only)."""
+    watch = ConnectionWatch(reconciler, interval=max(reconciler.config.status_interval, CONNECTION_CHECK_MIN))
+
+    @kopf.on.event(naming.GROUP, naming.VERSION, naming.PLURAL, id="connection-users", registry=registry)
+    def on_user(type: str, body: kopf.Body, **_: Any) -> None:
+        watch.on_user_event(type or "", body)
+
+    @kopf.on.event(naming.GROUP, naming.VERSION, naming.CONNECTION_PLURAL, id="connection", registry=registry)
+    async def on_connection(type: str, body: kopf.Body, **_: Any) -> None:
+        await watch.on_connection_event(type or "", body)
+
+    @kopf.on.startup(id="connection-checks-start", registry=registry)
+    async def start_checks(**_: Any) -> None:
+        watch.start()
+
+    @kopf.on.cleanup(id="connection-checks-stop", registry=registry)
+    async def stop_checks(**_: Any) -> None:
+        await watch.stop()
+
+    return watch
 
 
 def register_metrics(registry: kopf.OperatorRegistry, reconciler: Reconciler, port: int, host: str) -> None:

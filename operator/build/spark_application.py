@@ -41,6 +41,7 @@ CREDENTIALS_DIR = "/etc/stream-replicator/nats"
 BASIC_AUTH_DIR = "/etc/stream-replicator/nats-basic-auth"
 TLS_DIR = "/etc/stream-replicator/tls"
 NKEY_DIR = "/etc/stream-replicator/nats-nkey"
+TOKEN_DIR = "/etc/stream-replicator/nats-token"
 CA_DIR = "/etc/stream-replicator/nats-ca"
 TLS_FILES = (("ca.crt", "--tls-ca"), ("tls.crt", "--tls-cert"), ("tls.key", "--tls-key"))
 # The Hadoop that PySpark (and so the Spark image) bundles: pyspark/jars/hadoop-client-api-<version>.jar.
@@ -128,9 +129,9 @@ def _nats_files(
     if cluster.nkey_secret:
         arguments += ["--nkey-seed", f"{NKEY_DIR}/{cluster.nkey_secret.key}"]
         secrets.append({"name": cluster.nkey_secret.name, "path": NKEY_DIR, "secretType": "Generic"})
-    if cluster.token_secret:
-        raise SpecError("spec.fleetHealth: the fleet-health job cannot authenticate with a tokenSecret yet; give the "
-                        "advisory cluster a credentialsSecret, basicAuthSecret or nkeySecret")
+    if cluster.token_secret:  # the token stays out of the URL and the arguments: a file read at each connect
+        arguments += ["--token-file", f"{TOKEN_DIR}/{cluster.token_secret.key}"]
+        secrets.append({"name": cluster.token_secret.name, "path": TOKEN_DIR, "secretType": "Generic"})
     tls_secret = cluster.tls_secret
     if tls_secret:
         files = tuple(zip(cluster.tls_names, (flag for _, flag in TLS_FILES), strict=True))
@@ -230,8 +231,9 @@ def build_scheduled_spark_application(
         str(instances * cores),
     ]
     nats_arguments, secrets = _nats_files(cluster, tls_keys)
-    if cluster.basic_auth_secret and url_userinfo(url):
-        raise SpecError("spec.fleetHealth.url carries credentials and the advisory cluster has a basicAuthSecret: "
+    if (cluster.basic_auth_secret or cluster.token_secret) and url_userinfo(url):
+        which = "basicAuthSecret" if cluster.basic_auth_secret else "tokenSecret"
+        raise SpecError(f"spec.fleetHealth.url carries credentials and the advisory cluster has a {which}: "
                         "one way to authenticate (drop them from the URL)")
     arguments += nats_arguments
     packages, storage_hadoop, env = _storage(fleet)

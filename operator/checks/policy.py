@@ -19,7 +19,7 @@ from typing import Any
 
 from replication_operator.checks import pod_policy
 from replication_operator.model import naming
-from replication_operator.model.spec import ReplicationSpec
+from replication_operator.model.spec import Endpoint, ReplicationSpec
 
 # Degraded reasons, one per rule (docs/operator.md lists them with the others).
 IMAGE_NOT_ALLOWED = "ImageNotAllowed"
@@ -188,7 +188,7 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
                 f'{field} "{account}" is not an allowed service account (allowed: '
                 f"{_allowed(['none named', *own], policy.service_accounts)}; set by --allow-service-account)")))
 
-    urls = [("spec.source.url", spec.source.url), ("spec.target.url", spec.target.url)]
+    urls = [(_url_field(spec.source), spec.source.url), (_url_field(spec.target), spec.target.url)]
     if fleet and fleet.url:
         urls.append(("spec.fleetHealth.url", fleet.url))
     for field, url in urls:
@@ -211,6 +211,12 @@ def check(spec: ReplicationSpec, policy: Policy) -> list[Violation]:
                 f"{_list(policy.spark_packages)}; set by --allow-spark-package)")))
     found += _template_violations(spec, policy)
     return found
+
+
+def _url_field(endpoint: Endpoint) -> str:
+    """Where a side's URL was written: inline, or in the NatsConnection its connectionRef names."""
+    ref = endpoint.connection_ref
+    return f'natsconnection "{ref.name}" spec.url ({endpoint.where}.connectionRef)' if ref else f"{endpoint.where}.url"
 
 
 def _template_violations(spec: ReplicationSpec, policy: Policy) -> list[Violation]:

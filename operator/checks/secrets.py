@@ -21,6 +21,7 @@ from replication_operator.checks.certificates import config_map_certificates, se
 from replication_operator.kube import APIError, KubeApi, error_text
 from replication_operator.model import naming
 from replication_operator.model import status as st
+from replication_operator.model.connection_fields import Connection
 from replication_operator.model.spec import Endpoint, ReplicationSpec, Side
 from replication_operator.nats import connection
 
@@ -183,16 +184,22 @@ def need_problems(needs: list[SecretNeed], keys: Mapping[str, frozenset[str]], m
 async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, endpoint: Endpoint) -> connection.Auth:
     """One side's credentials, user and password, and TLS material, read from its Secrets now (so a
     rotated Secret is used at once); `NatsStatusError` names a Secret that cannot be used."""
+    return await read_connection_auth(api, rules, spec.namespace, endpoint)
+
+
+async def read_connection_auth(api: KubeApi, rules: policy.Policy, namespace: str,
+                               endpoint: Connection) -> connection.Auth:
+    """`read_auth` for any connection in `namespace` (a side, or a NatsConnection the operator checks)."""
     secrets: dict[str, dict[str, bytes]] = {}
     for name in endpoint.secrets:
         try:
-            secret = await api.get(naming.SECRET, spec.namespace, name)
+            secret = await api.get(naming.SECRET, namespace, name)
         except APIError as err:
             raise connection.NatsStatusError(f'secret "{name}" cannot be read: {error_text(err)}') from None
         if secret is None:
-            raise connection.NatsStatusError(f'secret "{name}" not found in namespace "{spec.namespace}"')
+            raise connection.NatsStatusError(f'secret "{name}" not found in namespace "{namespace}"')
         # Checked again as the values are read: the label may have gone since the last pass.
-        if not policy.secret_usable(rules, spec.namespace, (secret.get("metadata") or {}).get("labels")):
+        if not policy.secret_usable(rules, namespace, (secret.get("metadata") or {}).get("labels")):
             raise connection.NatsStatusError(
                 f'secret "{name}" is no longer labelled {policy.USABLE_LABEL}={policy.USABLE_VALUE}')
         secrets[name] = {k: base64.b64decode(v or "") for k, v in (secret.get("data") or {}).items()}
@@ -200,7 +207,7 @@ async def read_auth(api: KubeApi, rules: policy.Policy, spec: ReplicationSpec, e
     ref = endpoint.ca_config_map
     if ref is None:
         return auth
-    pem = await _ca_config_map(api, spec.namespace, ref.name, ref.key)  # trust-manager's bundle wins
+    pem = await _ca_config_map(api, namespace, ref.name, ref.key)  # trust-manager's bundle wins
     return dataclasses.replace(auth, ca=pem, names={**auth.names, "ca": f'configmap "{ref.name}" key "{ref.key}"'})
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 from replication_operator.model import naming
+from replication_operator.model.connection import NatsConnection
 from replication_operator.model.fields import Model, field
 from replication_operator.model.openapi import structural
 from replication_operator.model.spec import StreamReplicationSpec
@@ -27,6 +28,12 @@ HEADER = """\
 # Generated from operator/model/ (the typed models): edit those, then run `make crd`.
 """
 FILENAME = f"{naming.PLURAL}.{naming.GROUP}.yaml"
+CONNECTION_HEADER = """\
+# NatsConnection: one NATS cluster's URLs, TLS and credential Secrets, named by the source and target
+# of many StreamReplications (connectionRef). Field reference: docs/connections.md, or kubectl explain.
+# Generated from operator/model/ (the typed models): edit those, then run `make crd`.
+"""
+CONNECTION_FILENAME = f"{naming.CONNECTION_PLURAL}.{naming.GROUP}.yaml"
 
 
 class StreamReplication(Model):
@@ -98,6 +105,49 @@ def crd() -> dict[str, Any]:
     }
 
 
+CONNECTION_DESCRIPTION = (
+    "NatsConnection holds how to reach one NATS cluster (URLs, TLS, one way to authenticate, as Secret "
+    "references) for the StreamReplications of its namespace that name it in spec.source.connectionRef or "
+    "spec.target.connectionRef.")
+CONNECTION_COLUMNS = [
+    {"name": "URL", "type": "string", "jsonPath": ".spec.url"},
+    {"name": "Connected", "type": "string", "description": "Whether the operator could sign in with it.",
+     "jsonPath": '.status.conditions[?(@.type=="Connected")].status'},
+    {"name": "Users", "type": "string", "description": "StreamReplications that name it.",
+     "jsonPath": ".status.users"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def connection_crd() -> dict[str, Any]:
+    """The NatsConnection CRD: its spec is the side models' connection (model/connection.py)."""
+    root = structural(NatsConnection)
+    kind, plural = naming.CONNECTION_KIND, naming.CONNECTION_PLURAL
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{naming.GROUP}",
+            "labels": {naming.LABEL_NAME: naming.APP_NAME, naming.LABEL_COMPONENT: "crd"},
+        },
+        "spec": {
+            "group": naming.GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
+                      "shortNames": ["natsconn"], "categories": ["streamreplicator"]},
+            "versions": [{
+                "name": naming.VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": CONNECTION_COLUMNS,
+                "schema": {"openAPIV3Schema": {"type": "object", "description": CONNECTION_DESCRIPTION,
+                                               "required": root["required"], "properties": root["properties"]}},
+            }],
+        },
+    }
+
+
 class _Dumper(yaml.SafeDumper):
     """Lists indented under their key, prose folded (`>-`), short words and rules as they are."""
 
@@ -118,22 +168,33 @@ def render() -> str:
     return HEADER + yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, width=110, allow_unicode=True)
 
 
+def render_connection() -> str:
+    """The NatsConnection CRD file's text."""
+    return CONNECTION_HEADER + yaml.dump(connection_crd(), Dumper=_Dumper, sort_keys=False, width=110,
+                                         allow_unicode=True)
+
+
+def text_for(path: Path) -> str:
+    """The text a CRD file should hold, by its name: the NatsConnection's, else the StreamReplication's."""
+    return render_connection() if path.name == CONNECTION_FILENAME else render()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m replication_operator.model.crd", description=__doc__)
-    parser.add_argument("files", nargs="*", type=Path, help=f"CRD files ({FILENAME}); none: print it")
+    parser.add_argument("files", nargs="*", type=Path,
+                        help=f"CRD files ({FILENAME}, {CONNECTION_FILENAME}); none: print the first")
     parser.add_argument("--check", action="store_true", help="exit 1 when a file differs from the models")
     args = parser.parse_args(argv)
-    text = render()
     if not args.files:
-        sys.stdout.write(text)
+        sys.stdout.write(render())
         return 0
-    stale = [path for path in args.files if not path.is_file() or path.read_text() != text]
+    stale = [path for path in args.files if not path.is_file() or path.read_text() != text_for(path)]
     if args.check:
         for path in stale:
             print(f"{path} differs from the typed models: run `make crd`", file=sys.stderr)
         return 1 if stale else 0
     for path in stale:
-        path.write_text(text)
+        path.write_text(text_for(path))
         print(f"wrote {path}")
     return 0
 

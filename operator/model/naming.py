@@ -146,6 +146,10 @@ class Kind:
 
 STREAM_REPLICATION = Kind(GROUP, VERSION, KIND, PLURAL)
 CONFIGMAP = Kind("", "v1", "ConfigMap", "configmaps")
+# The shared connection a side may name (model/connection.py).
+CONNECTION_KIND = "NatsConnection"
+CONNECTION_PLURAL = "natsconnections"
+NATS_CONNECTION = Kind(GROUP, VERSION, CONNECTION_KIND, CONNECTION_PLURAL)
 SERVICE = Kind("", "v1", "Service", "services")
 SECRET = Kind("", "v1", "Secret", "secrets")
 DEPLOYMENT = Kind("apps", "v1", "Deployment", "deployments")
@@ -156,7 +160,7 @@ SCHEDULED_SPARK_APPLICATION = Kind(
     "sparkoperator.k8s.io", "v1beta2", "ScheduledSparkApplication", "scheduledsparkapplications"
 )
 CHILD_KINDS = (CONFIGMAP, SERVICE, DEPLOYMENT, PDB, SERVICE_MONITOR, SCHEDULED_SPARK_APPLICATION, NETWORK_POLICY)
-KINDS_BY_API = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, STREAM_REPLICATION)}
+KINDS_BY_API = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, STREAM_REPLICATION, NATS_CONNECTION)}
 
 
 def kind_of(obj: dict[str, object]) -> Kind:

@@ -12,8 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from replication_operator.model import naming
+from replication_operator.model.connection_fields import (
+    CONNECTION_RULES,
+    ONE_WAY_RULES,
+    URL_DESCRIPTION,
+    Connection,
+    ConnectionRef,
+)
 from replication_operator.model.fields import (
     DURATION,
     JETSTREAM_NAME,
@@ -22,7 +29,6 @@ from replication_operator.model.fields import (
     Model,
     duration_field,
     field,
-    key_field,
     name_field,
 )
 from replication_operator.model.fleet_health import FleetHealth
@@ -30,8 +36,6 @@ from replication_operator.model.native import NativeSettings
 from replication_operator.model.network import NetworkPolicySettings
 from replication_operator.model.pods import Monitoring, Resources, Toleration
 from replication_operator.model.template import WorkerTemplate
-
-from replicator.config.urls import url_options
 
 TLS_CA = "ca.crt"
 TLS_CERT = "tls.crt"
@@ -45,131 +49,37 @@ class SpecError(ValueError):
     """The spec cannot be turned into a worker config (the CRD schema normally prevents it)."""
 
 
-class SecretKeyRef(Model):
-    name: str = name_field("Name of the Secret, in the StreamReplication's namespace.")
-    key: str = key_field("Key of the .creds file in the Secret.", "user.creds")
+def _url_or_reference(schema: dict[str, Any]) -> None:
+    """A side's url in the CRD: the pattern, and no default (a connectionRef stands in for it)."""
+    schema.pop("default", None)
+    schema.update(maxLength=2048, pattern=NATS_URLS)
 
 
-class TokenSecretRef(Model):
-    name: str = name_field("Name of the Secret, in the StreamReplication's namespace.")
-    key: str = key_field("Key of the token in the Secret.", "token")
-
-
-class NkeySecretRef(Model):
-    name: str = name_field("Name of the Secret, in the StreamReplication's namespace.")
-    key: str = key_field("Key of the user nkey seed (`SU...`) in the Secret.", "nkey.seed")
-
-
-class TlsKeys(Model):
-    """The key names inside a TLS Secret: cert-manager's by default; another issuer's can be named."""
-
-    ca: str = key_field("Key of the CA bundle that verifies the server.", "ca.crt")
-    cert: str = key_field("Key of the client certificate (with its chain).", "tls.crt")
-    key: str = key_field("Key of the client certificate's private key.", "tls.key")
-
-
-class CaConfigMapRef(Model):
-    name: str = name_field("Name of the ConfigMap, in the StreamReplication's namespace (e.g. a trust-manager "
-                           "Bundle's target).")
-    key: str = key_field("Key of the PEM CA bundle in the ConfigMap.", "ca.crt")
-
-
-class BasicAuthRef(Model):
-    """A user name and password in one Secret (the keys of a `kubernetes.io/basic-auth` Secret)."""
-
-    model_config = {"json_schema_extra": {"x-kubernetes-validations": [{
-        "rule": "self.usernameKey != self.passwordKey",
-        "message": "basicAuthSecret.usernameKey and basicAuthSecret.passwordKey must differ"}]}}
-
-    name: str = name_field("Name of the Secret, in the StreamReplication's namespace.")
-    username_key: str = key_field("Key of the user name in the Secret.", "username")
-    password_key: str = key_field("Key of the password in the Secret.", "password")
-
-    @property
-    def keys(self) -> tuple[str, str]:
-        return self.username_key, self.password_key
-
-
-ONE_WAY_RULES = [
-    {"rule": "(has(self.credentialsSecret) ? 1 : 0) + (has(self.basicAuthSecret) ? 1 : 0) + "
-             "(has(self.tokenSecret) ? 1 : 0) + (has(self.nkeySecret) ? 1 : 0) <= 1",
-     "message": "credentialsSecret, basicAuthSecret, tokenSecret and nkeySecret exclude each other: one way to "
-                "authenticate a side"},
-    {"rule": "!(has(self.basicAuthSecret) || has(self.tokenSecret) || has(self.nkeySecret)) || "
-             "!self.url.contains('@')",
-     "message": "a basicAuthSecret, tokenSecret or nkeySecret and credentials in the url (user:password@ or token@) "
-                "exclude each other: one way to authenticate a side"},
-]
-URL_DESCRIPTION = ("Comma-separated NATS URLs (nats://, tls://, ws://, wss://). A user:password written here is "
-                   "copied into the worker's ConfigMap: name a basicAuthSecret instead.")
-
-
-class Endpoint(Model):
-    """One side of the replication: NATS URL, stream and the Secrets to reach it."""
+class Endpoint(Connection):
+    """One side of the replication: NATS URL, stream and the Secrets to reach it, written here or held by
+    a NatsConnection that `connectionRef` names (the reconciler lays its fields in before use)."""
 
     side: ClassVar[Side]
 
-    url: str = field(URL_DESCRIPTION, maxLength=2048, pattern=NATS_URLS)
-    credentials_secret: SecretKeyRef | None = field("Secret holding a NATS credentials (.creds) file.", None)
-    basic_auth_secret: BasicAuthRef | None = field(
-        "Secret holding a NATS user name and password (the keys of a kubernetes.io/basic-auth Secret), mounted "
-        "into the pods and read at every (re)connect: the password stays out of the URL, the worker's ConfigMap "
-        "and the command lines. Excludes credentialsSecret.", None)
-    token_secret: TokenSecretRef | None = field(
-        "Secret holding a NATS token (token authentication), mounted into the pods and read at every (re)connect: "
-        "the token stays out of the URL, the worker's ConfigMap and the command lines.", None)
-    nkey_secret: NkeySecretRef | None = field(
-        "Secret holding a user nkey seed (nkey authentication, no JWT): the pods sign the server's nonce with it; "
-        "the seed stays out of the URL and the worker's ConfigMap.", None)
-    tls_secret: str | None = name_field(
-        "Secret with `ca.crt` and/or `tls.crt` + `tls.key` (a kubernetes.io/tls Secret works; other key names "
-        "through tlsKeys).", None)
-    ca_config_map: CaConfigMapRef | None = field(
-        "ConfigMap holding the PEM CA bundle that verifies the server (trust-manager writes one); wins over "
-        "tlsSecret's CA. A CA is public: no Secret is needed for it.", None)
-    tls_keys: TlsKeys | None = field(
-        "Key names inside tlsSecret when they are not cert-manager's `ca.crt`, `tls.crt`, `tls.key`.", None)
+    url: str = Field("", description=URL_DESCRIPTION + " Excludes connectionRef.",
+                     json_schema_extra=_url_or_reference)
+    connection_ref: ConnectionRef | None = field(
+        "A NatsConnection in this namespace holding the URL, TLS and credentials Secrets of this side, shared by "
+        "many StreamReplications; excludes url and the Secret, TLS and CA fields here.", None)
 
-    @property
-    def tls_names(self) -> tuple[str, str, str]:
-        """(CA, certificate, key) names inside the TLS Secret."""
-        keys = self.tls_keys or TlsKeys()
-        return keys.ca, keys.cert, keys.key
-
-    @property
-    def secrets(self) -> list[str]:
-        """The Secrets this side reads (credentials, user and password, token, nkey, TLS), each once."""
-        names = [self.credentials_secret.name if self.credentials_secret else None,
-                 self.basic_auth_secret.name if self.basic_auth_secret else None,
-                 self.token_secret.name if self.token_secret else None,
-                 self.nkey_secret.name if self.nkey_secret else None, self.tls_secret]
-        return list(dict.fromkeys(n for n in names if n))
-
-    def auth_ways(self) -> list[str]:
-        """The ways this side authenticates, as the fields that give them: Secrets and what its URL carries."""
-        side = self.side
-        ways = [f"spec.{side}.{k}" for k, v in (("credentialsSecret", self.credentials_secret),
-                                                ("basicAuthSecret", self.basic_auth_secret),
-                                                ("tokenSecret", self.token_secret),
-                                                ("nkeySecret", self.nkey_secret)) if v]
-        try:
-            opts = url_options(self.url)
-        except ValueError:
-            return ways  # the worker config's validation names the URL's problem
-        if opts.userinfo:
-            ways.append(f"a {opts.userinfo} in spec.{side}.url")
-        ways += [f"?{k}= in spec.{side}.url" for k in ("credentials", "jwt") if getattr(opts, k)]
-        return ways
+    def inline(self) -> list[str]:
+        """The connection fields written here (what a connectionRef excludes)."""
+        return [f"{self.where}.{info.alias or name}" for name, info in Connection.model_fields.items()
+                if getattr(self, name)]
 
     @model_validator(mode="after")
-    def _one_way_to_authenticate(self) -> Endpoint:
-        ways = self.auth_ways()
-        if len(ways) > 1:
-            raise ValueError(f"{' and '.join(ways)} exclude each other: one way to authenticate the {self.side}")
-        ref = self.basic_auth_secret
-        if ref is not None and ref.username_key == ref.password_key:
-            raise ValueError(f"spec.{self.side}.basicAuthSecret: usernameKey and passwordKey must differ, not both "
-                             f"{ref.username_key!r}")
+    def _inline_or_shared(self) -> Endpoint:
+        if self.connection_ref is None and not self.url:
+            raise ValueError(f"{self.where}.url is required (or {self.where}.connectionRef, a NatsConnection)")
+        if self.connection_ref is not None and self.inline():
+            raise ValueError(f"{self.where}.connectionRef and {', '.join(self.inline())} exclude each other: the "
+                             f"NatsConnection \"{self.connection_ref.name}\" holds the {self.side}'s URL, TLS and "
+                             "credentials")
         return self
 
 
@@ -181,7 +91,7 @@ class Source(Endpoint):
         {"rule": "!(has(self.domain) && has(self.apiPrefix))", "message": "source takes domain or apiPrefix, not both"},
         {"rule": "!has(self.deliverPrefix) || has(self.apiPrefix)",
          "message": "source.deliverPrefix needs source.apiPrefix"},
-        *ONE_WAY_RULES]}}
+        *ONE_WAY_RULES, *CONNECTION_RULES]}}
     side: ClassVar[Side] = "source"
 
     stream: str | None = field("Source JetStream stream; found by the topic when absent.", None,
@@ -208,7 +118,7 @@ class Source(Endpoint):
 class Target(Endpoint):
     """The cluster and stream the copies go to, and how a missing stream is created."""
 
-    model_config = {"json_schema_extra": {"x-kubernetes-validations": ONE_WAY_RULES}}
+    model_config = {"json_schema_extra": {"x-kubernetes-validations": [*ONE_WAY_RULES, *CONNECTION_RULES]}}
     side: ClassVar[Side] = "target"
 
     stream: str | None = field("Target JetStream stream; defaults to the source stream's name.", None,
@@ -505,6 +415,9 @@ def _problem(error: Mapping[str, Any]) -> str:
         allowed = str((error.get("ctx") or {}).get("expected", "")).replace("'", "")
         return f"{where} must be {allowed}, not {error['input']!r}"
     return f"{where}: {error['msg']}"
+
+
+problem_text = _problem  # a NatsConnection's errors, in the same words (model/connection.py)
 
 
 def parse_spec(resource: Mapping[str, Any]) -> ReplicationSpec:

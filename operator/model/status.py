@@ -26,6 +26,7 @@ PAUSED = "Paused"  # only while the pause annotation is set (naming.PAUSED_ANNOT
 # Reasons (CamelCase) and what they mean; docs/operator.md (Status) lists them for users.
 SECRET_MISSING = "SecretMissing"  # a referenced Secret does not exist
 SECRET_KEY_MISSING = "SecretKeyMissing"  # the Secret exists, a referenced key does not
+CONNECTION_MISSING = "ConnectionMissing"  # a NatsConnection named by connectionRef does not exist
 INVALID_SPEC = "InvalidSpec"  # the spec cannot become a valid worker config
 NAME_CONFLICT = "NameConflict"  # a child's name is taken by an object this resource does not own
 CRD_MISSING = "CRDMissing"  # ServiceMonitor / ScheduledSparkApplication asked for, kind not served
@@ -169,7 +170,8 @@ def conditions_for(
 
 # Problems that stay until a person changes the spec, a Secret, the policy or the cluster: Stalled.
 # The writer adds the policy's and the engine's (layers above this one).
-PERMANENT = frozenset({SECRET_MISSING, SECRET_KEY_MISSING, INVALID_SPEC, NAME_CONFLICT, CRD_MISSING, ROLLOUT_STUCK})
+PERMANENT = frozenset({SECRET_MISSING, SECRET_KEY_MISSING, CONNECTION_MISSING, INVALID_SPEC, NAME_CONFLICT,
+                       CRD_MISSING, ROLLOUT_STUCK})
 
 
 def kstatus_conditions(main: Sequence[Mapping[str, Any]], permanent: frozenset[str],

@@ -18,7 +18,7 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client
-from replication_operator.model.spec import Endpoint
+from replication_operator.model.connection_fields import Connection
 
 from replicator.config import redact_url
 from replicator.transport.errors import NATS_ERRORS
@@ -68,7 +68,7 @@ class Auth:
             raise NatsStatusError(f"{err.where} cannot be used: {err.reason}") from None
 
 
-def auth_from_secrets(endpoint: Endpoint, secrets: Mapping[str, Mapping[str, bytes]]) -> Auth:
+def auth_from_secrets(endpoint: Connection, secrets: Mapping[str, Mapping[str, bytes]]) -> Auth:
     """`secrets` maps a Secret name to its data."""
     creds = None
     names: dict[str, str] = {}

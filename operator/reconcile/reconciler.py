@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replication_operator.build.children import BuildOptions, Children, build_children
-from replication_operator.checks import advice, policy
+from replication_operator.checks import advice, connections, policy
 from replication_operator.checks.secrets import Secrets
 from replication_operator.engine import choice as engine
 from replication_operator.engine.target import NativeError
@@ -40,7 +40,7 @@ from replication_operator.settings import OperatorConfig
 from replicator.observe.monitor import MonitorServer
 
 # Problems that keep the operator from reading NATS for a resource (its Secrets are not usable).
-NO_NATS_READS = frozenset({st.SECRET_MISSING, st.SECRET_KEY_MISSING, *policy.REASONS})
+NO_NATS_READS = frozenset({st.SECRET_MISSING, st.SECRET_KEY_MISSING, st.CONNECTION_MISSING, *policy.REASONS})
 
 
 class WorkersRunning(Exception):
@@ -116,8 +116,10 @@ class Reconciler:
 
         spec: ReplicationSpec | None = None
         try:
-            spec = parse_spec(body)
-            memory.advised = self.events.warn_new(body, memory.advised, tuple(advice.advise(spec)))
+            spec, unusable = await connections.resolve_all(self.api, parse_spec(body))  # a connectionRef's fields
+            problems.extend(unusable)
+            if spec is not None:
+                memory.advised = self.events.warn_new(body, memory.advised, tuple(advice.advise(spec)))
         except SpecError as err:
             problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 
@@ -229,8 +231,8 @@ class Reconciler:
     async def refresh_nats(self, body: Mapping[str, Any]) -> None:
         """status.lag, status.lastActive and status.fleet from the source consumer and the fleet KV."""
         try:
-            spec = parse_spec(body)
-        except SpecError:
+            spec = await connections.resolve(self.api, parse_spec(body))
+        except (SpecError, connections.ConnectionUnusable):
             return
         memory = self._memory(body["metadata"]["uid"])
         if any(p.reason in NO_NATS_READS for p in memory.problems) or policy.check(spec, self.policy):
@@ -288,6 +290,10 @@ class Reconciler:
         replicator's durable on the source goes once its pods are gone (a running worker would
         create it again). Raises WorkersRunning while they stop."""
         spec = parse_spec(body)
+        try:
+            spec = await connections.resolve(self.api, spec)
+        except connections.ConnectionUnusable as err:
+            raise connection.NatsStatusError(str(err)) from None
         if (body.get("status") or {}).get("native"):
             done = await self.switch.remove(body, spec)
             if done:

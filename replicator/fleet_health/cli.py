@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     auth.add_argument("--user-file", default=None, help="file holding the NATS user name, with --password-file")
     auth.add_argument("--password-file", default=None,
                       help="file holding the user's password (kept out of the command line, read at each connect)")
+    auth.add_argument("--token-file", default=None,
+                      help="file holding a NATS token (token authentication; kept out of the URL, read at each "
+                           "connect)")
     auth.add_argument("--tls-scheme", choices=("manual", "puppet"), default=None,
                       help="manual: --tls-ca/--tls-cert/--tls-key; puppet: --tls-ssl-dir and --tls-identity")
     auth.add_argument("--tls-ca", default=None, help="CA bundle that verifies the servers")
@@ -59,7 +62,7 @@ def connection_from_args(args: argparse.Namespace) -> NatsConnection:
     try:
         return NatsConnection.build(
             args.url, credentials=args.credentials, user_jwt=args.user_jwt, nkey_seed=args.nkey_seed,
-            user_file=args.user_file, password_file=args.password_file,
+            user_file=args.user_file, password_file=args.password_file, token_file=args.token_file,
             tls_scheme=args.tls_scheme, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
             tls_ssl_dir=args.tls_ssl_dir, tls_identity=args.tls_identity, tls_insecure=args.tls_insecure,
         )
@@ -80,12 +83,13 @@ def check_files(args: argparse.Namespace, connection: NatsConnection) -> None:
 
 
 _FILE_FLAGS = {"ca": "--tls-ca", "cert": "--tls-cert", "key": "--tls-key", "creds": "--credentials",
-               "jwt": "--user-jwt", "seed": "--nkey-seed", "username": "--user-file", "password": "--password-file"}
+               "jwt": "--user-jwt", "seed": "--nkey-seed", "username": "--user-file", "password": "--password-file",
+               "token": "--token-file"}
 
 
 # The connection's messages name reader options (and the config file's tls keys); here, flags.
 _FLAGS = {"user_jwt": "--user-jwt", "nkey_seed": "--nkey-seed", "credentials": "--credentials",
-          "user_file": "--user-file", "password_file": "--password-file",
+          "user_file": "--user-file", "password_file": "--password-file", "token_file": "--token-file",
           "tls_scheme": "--tls-scheme", "cert and key": "--tls-cert and --tls-key", "ssl_dir": "--tls-ssl-dir"}
 
 

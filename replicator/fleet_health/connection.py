@@ -2,7 +2,7 @@
 
 Every connection setting the replicator has is here: TLS `manual` (ca, cert, key) or `puppet`
 (ssl_dir + identity), a `.creds` file, a user JWT file with its nkey seed file (or a seed alone), a
-user name file with a password file, and user/password or a token in the URL. The settings hold
+user name file with a password file, a token file, and user/password or a token in the URL. The settings hold
 only URLs and file *paths*; the driver resolves them once (the Puppet identity defaults to the
 driver's FQDN) and ships them inside the pickled reader, so each executor opens the same files with
 the replicator's own connection code (`transport/connections.py`, `transport/material.py`) and
@@ -24,8 +24,8 @@ from replicator.transport.connections import connect_files
 from replicator.transport.material import MaterialFiles
 
 # Reader option -> command-line flag (`--tls-ca` ...), for messages and for the job's arguments.
-FILE_OPTIONS = ("credentials", "user_jwt", "nkey_seed", "user_file", "password_file", "tls_ca", "tls_cert",
-                "tls_key", "tls_ssl_dir")
+FILE_OPTIONS = ("credentials", "user_jwt", "nkey_seed", "user_file", "password_file", "token_file", "tls_ca",
+                "tls_cert", "tls_key", "tls_ssl_dir")
 OPTIONS = (*FILE_OPTIONS, "tls_scheme", "tls_identity", "tls_insecure")
 
 
@@ -50,6 +50,7 @@ class NatsConnection:
         nkey_seed: str | None = None,
         user_file: str | None = None,
         password_file: str | None = None,
+        token_file: str | None = None,
         tls_scheme: str | None = None,
         tls_ca: str | None = None,
         tls_cert: str | None = None,
@@ -64,13 +65,14 @@ class NatsConnection:
         if bool(user_file) != bool(password_file):
             raise ValueError("user_file and password_file go together (a user name and its password)")
         ways = [name for name, given in (("credentials", credentials), ("user_jwt/nkey_seed", user_jwt or nkey_seed),
-                                         ("user_file/password_file", user_file)) if given]
+                                         ("user_file/password_file", user_file), ("token_file", token_file))
+                if given]
         if ways and url_userinfo(url):  # the worker's rule too (`config.model.check_auth`)
             ways.insert(0, "a user:password or token in the url")
         if len(ways) > 1:
             raise ValueError(f"{' and '.join(ways)} exclude each other: one way to authenticate")
         files = MaterialFiles(creds=credentials or None, jwt=user_jwt or None, seed=nkey_seed or None,
-                              username=user_file or None, password=password_file or None)
+                              username=user_file or None, password=password_file or None, token=token_file or None)
         scheme = tls_scheme or ("puppet" if tls_ssl_dir else "manual")
         tls_given = any((tls_ca, tls_cert, tls_key, tls_ssl_dir, tls_identity, tls_insecure, tls_scheme))
         if tls_given:
@@ -102,7 +104,8 @@ class NatsConnection:
         f = self.files
         out = {"url": self.url}
         for option, value in (("credentials", f.creds), ("user_jwt", f.jwt), ("nkey_seed", f.seed),
-                              ("user_file", f.username), ("password_file", f.password), ("tls_ca", f.ca),
+                              ("user_file", f.username), ("password_file", f.password), ("token_file", f.token),
+                              ("tls_ca", f.ca),
                               ("tls_cert", f.cert), ("tls_key", f.key)):
             if value:
                 out[option] = value

@@ -26,6 +26,8 @@ PEERING = frozenset({"list", "watch", "patch"})  # kopf watches and patches it, 
 EXPECTED_NAMESPACED: dict[tuple[str, str], frozenset[str]] = {
     ("streamreplicator.io", "streamreplications"): frozenset({"get", "list", "watch", "patch"}),
     ("streamreplicator.io", "streamreplications/status"): frozenset({"patch"}),
+    ("streamreplicator.io", "natsconnections"): frozenset({"get", "list", "watch"}),  # shared connections
+    ("streamreplicator.io", "natsconnections/status"): frozenset({"patch"}),
     ("", "configmaps"): CHILDREN,
     ("", "services"): CHILDREN,
     ("apps", "deployments"): CHILDREN,

@@ -477,11 +477,14 @@ def test_user_roles_aggregate_to_view_edit_and_admin(name: str) -> None:
     objects = render(VALUE_SETS[name])
     group = "streamreplicator.io"
     view = {(group, "streamreplications"): USER_READ, (group, "streamreplications/status"): USER_READ,
-            (group, "streamreplications/scale"): USER_READ}
+            (group, "streamreplications/scale"): USER_READ, (group, "natsconnections"): USER_READ,
+            (group, "natsconnections/status"): USER_READ}
     edit = {
         (group, "streamreplications"): USER_READ | {"create", "update", "patch", "delete", "deletecollection"},
         (group, "streamreplications/status"): USER_READ,  # only the operator writes the status
         (group, "streamreplications/scale"): USER_READ | {"update", "patch"},  # kubectl scale
+        (group, "natsconnections"): USER_READ | {"create", "update", "patch", "delete", "deletecollection"},
+        (group, "natsconnections/status"): USER_READ,
     }
     assert {role: aggregated(objects, role) for role in AGGREGATED} == {"view": view, "edit": edit, "admin": edit}
     user_roles = [o for o in find(objects, "ClusterRole") if o not in operator_roles(objects, "ClusterRole")]

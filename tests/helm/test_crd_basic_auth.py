@@ -45,7 +45,8 @@ def test_both_sides_take_a_basic_auth_secret(side: str) -> None:
     (exclusive,) = [m for r, m in rules.items() if r.startswith("(has(self.credentialsSecret) ? 1 : 0)")]
     assert "credentialsSecret, basicAuthSecret, tokenSecret and nkeySecret exclude each other" in exclusive
     assert "one way to authenticate a side" in rules[
-        "!(has(self.basicAuthSecret) || has(self.tokenSecret) || has(self.nkeySecret)) || !self.url.contains('@')"]
+        "!(has(self.basicAuthSecret) || has(self.tokenSecret) || has(self.nkeySecret)) || !has(self.url) "
+        "|| !self.url.contains('@')"]
     assert [r["rule"] for r in field["x-kubernetes-validations"]] == ["self.usernameKey != self.passwordKey"]
 
 

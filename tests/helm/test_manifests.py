@@ -35,8 +35,8 @@ def test_deploy_holds_what_the_default_peering_needs() -> None:
     objects = _objects()
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     crd_names = {name for kind, name in kinds if kind == "CustomResourceDefinition"}
-    assert crd_names == {"streamreplications.streamreplicator.io", "kopfpeerings.kopf.dev",
-                         "clusterkopfpeerings.kopf.dev"}
+    assert crd_names == {"streamreplications.streamreplicator.io", "natsconnections.streamreplicator.io",
+                         "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     peering = next(a.split("=", 1)[1] for a in args if a.startswith("--peering="))

@@ -53,10 +53,31 @@ def example_resources() -> list[dict[str, Any]]:
     return found
 
 
+def example_connections() -> dict[str, dict[str, Any]]:
+    """Every NatsConnection's spec in examples/, by name."""
+    found = {}
+    for path in EXAMPLES:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == naming.CONNECTION_KIND:
+                found[doc["metadata"]["name"]] = doc["spec"]
+    return found
+
+
+def inline_connections(resource: dict[str, Any]) -> dict[str, Any]:
+    """The resource with each side's connectionRef replaced by that example NatsConnection's fields,
+    as the reconciler lays them in (model/connection.py `resolved`)."""
+    for side in ("source", "target"):
+        ref = resource["spec"][side].pop("connectionRef", None)
+        if ref is not None:
+            resource["spec"][side].update(copy.deepcopy(example_connections()[ref["name"]]))
+    return resource
+
+
 def example(name: str, namespace: str = "replication") -> dict[str, Any]:
+    """An example StreamReplication, its NatsConnections laid in (as the builders see it)."""
     for doc in example_resources():
         if doc["metadata"]["name"] == name:
-            doc = copy.deepcopy(doc)
+            doc = inline_connections(copy.deepcopy(doc))
             doc["metadata"]["namespace"] = namespace
             doc["metadata"].setdefault("uid", f"uid-{name}")
             doc["metadata"].setdefault("generation", 1)

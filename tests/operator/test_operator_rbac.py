@@ -139,6 +139,26 @@ async def _lifecycle(api: Api) -> None:
     # Deleted: kopf releases its finalizer.
     await api.delete(naming.STREAM_REPLICATION, NS, NAME)
     await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, NAME) is None)
+    await _connection_lifecycle(api)
+
+
+async def _connection_lifecycle(api: Api) -> None:
+    """A shared connection: read by name for its user (missing at first), its status written."""
+    user = {"apiVersion": naming.API_VERSION, "kind": naming.KIND, "metadata": {"name": "via-shared", "namespace": NS},
+            "spec": {"engine": "replicator", "topic": "rbac.>", "source": {"connectionRef": {"name": "shared"}},
+                     "target": {"url": "nats://127.0.0.1:1"}}}
+    await api.create(user)
+    await wait_for(lambda: _condition(api, "Degraded", "via-shared").get("reason") == "ConnectionMissing")
+    await api.create({"apiVersion": naming.API_VERSION, "kind": naming.CONNECTION_KIND,
+                      "metadata": {"name": "shared", "namespace": NS}, "spec": {"url": "nats://127.0.0.1:1"}})
+    await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "via-shared"))
+
+    def users() -> list[str]:
+        return list(((api.get(naming.NATS_CONNECTION, NS, "shared") or {}).get("status") or {}).get("users") or [])
+
+    await wait_for(lambda: users() == ["via-shared"], within=10)
+    await api.delete(naming.STREAM_REPLICATION, NS, "via-shared")
+    await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, "via-shared") is None, within=10)
 
 
 async def _native_lifecycle(api: Api, leaf: LocalNatsServer, hub: LocalNatsServer) -> None:

@@ -14,7 +14,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from replication_operator.build.children import build_children
-from replication_operator.build.spark_application import NKEY_DIR
+from replication_operator.build.spark_application import NKEY_DIR, TOKEN_DIR
 from replication_operator.model import naming
 from replication_operator.model.spec import SpecError, parse_spec
 from replication_operator.reconcile.reconciler import Reconciler
@@ -83,7 +83,7 @@ def test_one_way_to_authenticate_a_side() -> None:
         build_children(parse_spec(resource))
 
 
-def test_the_fleet_health_job_mounts_an_nkey_seed_and_refuses_a_token() -> None:
+def test_the_fleet_health_job_mounts_an_nkey_seed_or_a_token() -> None:
     resource = h.example("registrations-region", NS)
     target = resource["spec"]["target"]
     target.pop("credentialsSecret")
@@ -96,5 +96,11 @@ def test_the_fleet_health_job_mounts_an_nkey_seed_and_refuses_a_token() -> None:
     assert args[args.index("--nkey-seed") + 1] == f"{NKEY_DIR}/nkey.seed"
     target.pop("nkeySecret")
     target["tokenSecret"] = {"name": "central-token"}
-    with pytest.raises(SpecError, match="tokenSecret"):
-        build_children(parse_spec(resource))
+    app = h.child_of(build_children(parse_spec(resource)), naming.SCHEDULED_SPARK_APPLICATION)
+    assert app is not None
+    template = app["spec"]["template"]
+    for pod in (template["driver"], template["executor"]):  # every process reads the file at each connect
+        assert {"name": "central-token", "path": TOKEN_DIR, "secretType": "Generic"} in pod["secrets"]
+    args = template["arguments"]
+    assert args[args.index("--token-file") + 1] == f"{TOKEN_DIR}/token"
+    assert "central-token" not in args[args.index("--url") + 1]

@@ -64,6 +64,7 @@ def rbac_verb(method: str, name: str | None, params: Mapping[str, str]) -> str:
 # (group/version/plural, kind, namespaced, subresources)
 RESOURCES: list[tuple[str, str, bool, set[str]]] = [
     (f"{naming.GROUP}/{naming.VERSION}/{naming.PLURAL}", naming.KIND, True, {"status", "scale"}),
+    (f"{naming.GROUP}/{naming.VERSION}/{naming.CONNECTION_PLURAL}", naming.CONNECTION_KIND, True, {"status"}),
     ("v1/configmaps", "ConfigMap", True, set()),
     ("v1/services", "Service", True, {"status"}),
     ("v1/secrets", "Secret", True, set()),

@@ -45,6 +45,14 @@ namespaced:
   - apiGroups: ["streamreplicator.io"]
     resources: ["streamreplications/status"]
     verbs: ["patch"]
+  # Shared connections: read (and watched, to reach their users when edited), their status reported;
+  # the operator never writes or finalizes the object itself.
+  - apiGroups: ["streamreplicator.io"]
+    resources: ["natsconnections"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: ["streamreplicator.io"]
+    resources: ["natsconnections/status"]
+    verbs: ["patch"]
   # Children the operator builds for each StreamReplication (engine replicator): optional ones are
   # removed when the spec drops them, all of them when the resource moves to the native engine (the
   # Deployment first, in the foreground, so that its pods are gone before NATS copies).
@@ -91,14 +99,15 @@ Rules for people, not for the operator: ClusterRoles aggregated into Kubernetes'
 {{- define "stream-replicator.userRules" -}}
 view:
   - apiGroups: ["streamreplicator.io"]
-    resources: ["streamreplications", "streamreplications/status", "streamreplications/scale"]
+    resources: ["streamreplications", "streamreplications/status", "streamreplications/scale",
+                "natsconnections", "natsconnections/status"]
     verbs: ["get", "list", "watch"]
 edit:
   - apiGroups: ["streamreplicator.io"]
-    resources: ["streamreplications"]
+    resources: ["streamreplications", "natsconnections"]
     verbs: ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
   - apiGroups: ["streamreplicator.io"]
-    resources: ["streamreplications/status"]
+    resources: ["streamreplications/status", "natsconnections/status"]
     verbs: ["get", "list", "watch"]
   - apiGroups: ["streamreplicator.io"]
     resources: ["streamreplications/scale"]
