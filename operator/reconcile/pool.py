@@ -1,0 +1,190 @@
+"""Applying a worker pool (`spec.pool`): its members read from the API, its objects built whole
+(build/pool.py) and applied, the pool objects no longer wanted deleted.
+
+Any member's pass rebuilds its pool from every StreamReplication that names it, under one lock a
+pool, so passes of several members never interleave and the last one wins with the whole truth.
+A member that leaves (deleted, or its `spec.pool` changed) is dropped from the ConfigMap by its own
+pass; its durable consumer may only go once the pool's workers have reloaded the file without it,
+which the API cannot show: the kubelet syncs a mounted ConfigMap within about a minute and the
+worker reads it within seconds, so the member waits `RELOAD_GRACE` after it left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from replication_operator.build import workload
+from replication_operator.build.pool import Member, Pool, build_pool
+from replication_operator.kube import APIError, KubeApi, error_text
+from replication_operator.model import naming
+from replication_operator.model import status as st
+from replication_operator.model.spec import ReplicationSpec, SpecError, parse_spec
+from replication_operator.reconcile.apply import Applier, contains
+from replication_operator.reconcile.events import Events
+
+RELOAD_GRACE = 75.0  # seconds from a member's removal from the ConfigMap to its workers surely stopping it
+
+Admitted = Callable[[ReplicationSpec], tuple[str, str] | None]
+
+
+@dataclass
+class PoolOutcome:
+    problems: list[st.Problem] = field(default_factory=list)  # the member's own (refused, conflicts, API)
+    deployment: dict[str, Any] | None = None  # the pool's Deployment as the API server has it
+    retry: bool = False
+
+
+def _resume_after(body: Mapping[str, Any]) -> int | None:
+    value = (body.get("status") or {}).get("resumeAfter")
+    return int(value) if value else None
+
+
+def _order(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")
+
+
+class Pools:
+    def __init__(self, api: KubeApi, applier: Applier, events: Events, worker_image: str,
+                 admitted: Admitted | None = None) -> None:
+        self.api, self.applier, self.events = api, applier, events
+        self.worker_image = worker_image
+        self.admitted = admitted
+        self.locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.joined: dict[str, tuple[str, str]] = {}  # uid -> (namespace, pool) it was last applied into
+        self.left: dict[str, float] = {}  # uid -> when (monotonic) a deleted member left its pool's ConfigMap
+
+    def forget(self, uid: str) -> None:
+        self.joined.pop(uid, None)
+        self.left.pop(uid, None)
+
+    async def sync(self, body: Mapping[str, Any], spec: ReplicationSpec,
+                   tls_keys: Mapping[str, Collection[str]], resume_after: int | None) -> PoolOutcome | None:
+        """The member's pass: its pool applied with it (None when it names no pool); a pool it left
+        is applied without it."""
+        meta = body["metadata"]
+        uid, namespace = meta["uid"], meta["namespace"]
+        before = self.joined.get(uid)
+        if before is not None and before != (namespace, spec.pool):
+            await self._apply(before[0], before[1], body, tls_keys, None, leaving=uid)
+            self.joined.pop(uid, None)
+        if spec.pool is None:
+            return None
+        this = (_order(body), Member(spec, uid, resume_after))
+        outcome = await self._apply(namespace, spec.pool, body, tls_keys, this)
+        self.joined[uid] = (namespace, spec.pool)
+        return outcome
+
+    async def leave(self, body: Mapping[str, Any], spec: ReplicationSpec) -> str | None:
+        """A deleted member: out of the ConfigMap (the pool deleted with its last member); what it still
+        waits for before its durable consumer may go, or None."""
+        meta = body["metadata"]
+        uid, namespace = meta["uid"], meta["namespace"]
+        assert spec.pool is not None
+        if uid not in self.left:
+            outcome = await self._apply(namespace, spec.pool, body, {}, None, leaving=uid)
+            if any(p.reason == st.APPLY_FAILED for p in outcome.problems):
+                return "; ".join(p.message for p in outcome.problems)
+            self.left[uid] = time.monotonic()
+            self.joined.pop(uid, None)
+        name = naming.deployment_name(naming.pool_base(spec.pool))
+        deployment = await self.api.get_quietly(naming.DEPLOYMENT, namespace, name)
+        if deployment is not None and not self._in_pool(deployment, spec.pool):
+            deployment = None
+        if deployment is not None and deployment["metadata"].get("deletionTimestamp"):
+            return f"waiting for Deployment {name}'s pods to stop (the pool's last member is going)"
+        waited = time.monotonic() - self.left[uid]
+        if deployment is not None and waited < RELOAD_GRACE:
+            return (f"waiting {RELOAD_GRACE - waited:.0f} s more for pool {spec.pool!r}'s workers to reload its "
+                    f"ConfigMap without this replication before deleting the durable consumer")
+        return None
+
+    @staticmethod
+    def _in_pool(obj: Mapping[str, Any], pool: str) -> bool:
+        return ((obj.get("metadata") or {}).get("labels") or {}).get(naming.LABEL_POOL) == pool
+
+    async def _members(self, namespace: str, pool: str, this: tuple[tuple[str, str], Member] | None,
+                       leaving: str | None) -> list[Member]:
+        """The resources naming the pool, oldest first; the pass's own spec for its own resource."""
+        found: dict[str, tuple[tuple[str, str], Member]] = {}
+        for body in await self.api.list(naming.STREAM_REPLICATION, namespace):
+            meta = body.get("metadata") or {}
+            uid = str(meta.get("uid") or "")
+            if uid == leaving or meta.get("deletionTimestamp") or (body.get("spec") or {}).get("pool") != pool:
+                continue
+            try:
+                found[uid] = (_order(body), Member(parse_spec(body), uid, _resume_after(body)))
+            except SpecError:
+                continue  # its own pass says why; it is not in the pool meanwhile
+        if this is not None:
+            found[this[1].uid] = this
+        return [member for _, member in sorted(found.values(), key=lambda entry: entry[0])]
+
+    async def _apply(self, namespace: str, pool: str, body: Mapping[str, Any],
+                     tls_keys: Mapping[str, Collection[str]], this: tuple[tuple[str, str], Member] | None,
+                     leaving: str | None = None) -> PoolOutcome:
+        outcome = PoolOutcome()
+        async with self.locks.setdefault((namespace, pool), asyncio.Lock()):
+            try:
+                members = await self._members(namespace, pool, this, leaving)
+            except APIError as err:
+                outcome.problems.append(st.Problem(st.APPLY_FAILED, f"listing pool {pool!r}: {error_text(err)}"))
+                outcome.retry = err.retryable
+                return outcome
+            built = build_pool(pool, members, self.worker_image, tls_keys, self.admitted)
+            for obj in built.objects:
+                await self._put(body, pool, obj, outcome, built)
+            for kind, name in built.absent:
+                await self._remove(body, pool, kind, namespace, name, outcome)
+        if this is not None and this[1].name in built.refused:
+            reason, message = built.refused[this[1].name]
+            outcome.problems.append(st.Problem(reason, message))
+            outcome.deployment = None
+        return outcome
+
+    async def _put(self, body: Mapping[str, Any], pool: str, obj: dict[str, Any], outcome: PoolOutcome,
+                   built: Pool) -> None:
+        kind, meta = naming.kind_of(obj), obj["metadata"]
+        label = f"{kind.kind} {meta['name']}"
+        try:
+            live = await self.api.get(kind, meta["namespace"], meta["name"])
+            if live is not None and not self._in_pool(live, pool):
+                outcome.problems.append(st.Problem(st.NAME_CONFLICT, f"{label} exists and is not pool {pool!r}'s"))
+                return
+            if kind is naming.DEPLOYMENT:
+                obj = workload.safe_strategy(obj, live)
+            self.applier.desired[(kind.plural, meta["namespace"], meta["name"])] = obj
+            result = live
+            if live is None:
+                result = await self.api.apply(obj)
+                self.events.post(body, "Normal", "Created", f"created {label} for pool {pool!r}")
+            elif not contains(live, obj):
+                result = await self.api.apply(obj)
+                members = ", ".join(m.name for m in built.members)
+                what = "its members' profiles (the workers reload them)" if kind is naming.CONFIGMAP else "it"
+                self.events.post(body, "Normal", "Updated", f"updated {label} for pool {pool!r} ({members}): {what}")
+            if kind is naming.DEPLOYMENT:
+                outcome.deployment = result
+        except APIError as err:
+            self.applier.desired.pop((kind.plural, meta["namespace"], meta["name"]), None)
+            outcome.problems.append(st.Problem(st.APPLY_FAILED, f"{label}: {error_text(err)}"))
+            outcome.retry = outcome.retry or err.retryable
+
+    async def _remove(self, body: Mapping[str, Any], pool: str, kind: naming.Kind, namespace: str, name: str,
+                      outcome: PoolOutcome) -> None:
+        self.applier.desired.pop((kind.plural, namespace, name), None)
+        live = await self.api.get_quietly(kind, namespace, name)
+        if live is None or not self._in_pool(live, pool) or live["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            await self.api.delete(kind, namespace, name, uid=live["metadata"].get("uid"),
+                                  foreground=kind is naming.DEPLOYMENT)
+            self.events.post(body, "Normal", "Deleted",
+                             f"deleted {kind.kind} {name} (pool {pool!r} no longer needs it)")
+        except APIError as err:
+            outcome.problems.append(st.Problem(st.APPLY_FAILED, f"deleting {kind.kind} {name}: {error_text(err)}"))
+            outcome.retry = True
