@@ -50,6 +50,7 @@ class Pool:
     absent: list[tuple[naming.Kind, str]]
     members: list[Member]  # in the ConfigMap, owners of every object
     refused: dict[str, tuple[str, str]] = field(default_factory=dict)  # resource name -> (reason, message)
+    kept: list[Member] = field(default_factory=list)  # refused, their last accepted profile running on
     config_text: str = ""
 
     @property
@@ -132,10 +133,15 @@ def owner_references(members: Sequence[Member]) -> list[dict[str, Any]]:
 
 def build_pool(pool: str, candidates: Sequence[Member], worker_image: str,
                tls_keys: Mapping[str, Collection[str]] | None = None,
-               admitted: Callable[[ReplicationSpec], tuple[str, str] | None] | None = None) -> Pool:
+               admitted: Callable[[ReplicationSpec], tuple[str, str] | None] | None = None,
+               running: Mapping[str, Mapping[str, Any]] | None = None) -> Pool:
     """The pool for its members, oldest first: the first admissible one sets the pods; each other one
     joins if its pods match and its profile is valid, else it is refused (reason, message).
-    `admitted` says why the operator's policy refuses a spec, (reason, message), or None."""
+    `admitted` says why the operator's policy refuses a spec, (reason, message), or None.
+    `running`: the profiles the pool's ConfigMap holds for its members now. A member already in the
+    pool that comes to be refused (its pods changed before the others', as a pool's pods are, one
+    member at a time; a change the policy or the worker refuses) keeps its running profile until it
+    is accepted again, as a refused lone resource keeps its children: a pool changes without a gap."""
     accepted: list[Member] = []
     refused: dict[str, tuple[str, str]] = {}
     for member in candidates:
@@ -159,7 +165,12 @@ def build_pool(pool: str, candidates: Sequence[Member], worker_image: str,
              (naming.SERVICE_MONITOR, naming.service_monitor_name(base))]
     if not accepted:
         return Pool(pool, [], every, [], refused)
-    config = worker_config.build_pool_config([(m.spec, m.resume_after) for m in accepted], tls_keys)
+    kept = [m for m in candidates if m.name in refused and m.name in (running or {})]
+    for member in kept:
+        reason, message = refused[member.name]
+        refused[member.name] = (reason, message + " (its last accepted profile runs on in the pool)")
+    config = worker_config.build_pool_config([(m.spec, m.resume_after) for m in accepted], tls_keys,
+                                             {m.name: (running or {})[m.name] for m in kept})
     owner = pool_spec(accepted[0].spec)
     objects = [
         _labelled(workload.build_configmap(owner, config.text), pool),
@@ -170,8 +181,9 @@ def build_pool(pool: str, candidates: Sequence[Member], worker_image: str,
         objects.append(_labelled(workload.build_pdb(owner), pool))
     if owner.monitoring.service_monitor.enabled:
         objects.append(_labelled(workload.build_service_monitor(owner), pool))
-    refs = owner_references(accepted)
+    owners = {m.name for m in (*accepted, *kept)}
+    refs = owner_references([m for m in candidates if m.name in owners])
     for obj in objects:
         obj["metadata"]["ownerReferences"] = copy.deepcopy(refs)
     built = {(naming.kind_of(o), o["metadata"]["name"]) for o in objects}
-    return Pool(pool, objects, [k for k in every if k not in built], accepted, refused, config.text)
+    return Pool(pool, objects, [k for k in every if k not in built], accepted, refused, kept, config.text)

@@ -197,15 +197,15 @@ def build_worker_config(spec: ReplicationSpec, tls_keys: Mapping[str, Collection
 
 
 def build_pool_config(members: Sequence[tuple[ReplicationSpec, int | None]],
-                      tls_keys: Mapping[str, Collection[str]] | None = None) -> WorkerConfig:
+                      tls_keys: Mapping[str, Collection[str]] | None = None,
+                      kept: Mapping[str, Mapping[str, Any]] | None = None) -> WorkerConfig:
     """One pooled worker's config: a profile per member (its spec, its `resume_after`), named by its
-    resource as a lone worker's is. Members share their pods, so the TLS Secrets' keys hold for all."""
-    document: dict[str, Any] = {
-        "log_format": "json",
-        "state_dir": naming.STATE_DIR,
-        "topics": {naming.profile(spec.resource_name): _topic(spec, tls_keys or {}, resume_after)
-                   for spec, resume_after in members},
-    }
+    resource as a lone worker's is, and the `kept` profiles as they run. Members share their pods,
+    so the TLS Secrets' keys hold for all."""
+    topics = {name: dict(topic) for name, topic in (kept or {}).items()}
+    topics.update({naming.profile(spec.resource_name): _topic(spec, tls_keys or {}, resume_after)
+                   for spec, resume_after in members})
+    document: dict[str, Any] = {"log_format": "json", "state_dir": naming.STATE_DIR, "topics": topics}
     return _checked(document)
 
 

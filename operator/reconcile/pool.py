@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
 from replication_operator.build import workload
 from replication_operator.build.pool import Member, Pool, build_pool
 from replication_operator.kube import APIError, KubeApi, error_text
@@ -86,10 +87,13 @@ class Pools:
         uid, namespace = meta["uid"], meta["namespace"]
         assert spec.pool is not None
         if uid not in self.left:
+            config = await self.api.get_quietly(naming.CONFIGMAP, namespace,
+                                                naming.configmap_name(naming.pool_base(spec.pool)))
+            was_in = config is not None and naming.owned_by(config, uid)  # refused members never ran in it
             outcome = await self._apply(namespace, spec.pool, body, {}, None, leaving=uid)
             if any(p.reason == st.APPLY_FAILED for p in outcome.problems):
                 return "; ".join(p.message for p in outcome.problems)
-            self.left[uid] = time.monotonic()
+            self.left[uid] = time.monotonic() if was_in else -RELOAD_GRACE
             self.joined.pop(uid, None)
         name = naming.deployment_name(naming.pool_base(spec.pool))
         deployment = await self.api.get_quietly(naming.DEPLOYMENT, namespace, name)
@@ -124,6 +128,17 @@ class Pools:
             found[this[1].uid] = this
         return [member for _, member in sorted(found.values(), key=lambda entry: entry[0])]
 
+    async def _running(self, namespace: str, pool: str, members: list[Member]) -> dict[str, Mapping[str, Any]]:
+        """The profiles the pool's ConfigMap holds now for members that own it (the same uid)."""
+        live = await self.api.get_quietly(naming.CONFIGMAP, namespace, naming.configmap_name(naming.pool_base(pool)))
+        if live is None or not self._in_pool(live, pool):
+            return {}
+        try:
+            topics = (yaml.safe_load((live.get("data") or {}).get(naming.CONFIG_KEY) or "") or {}).get("topics") or {}
+        except yaml.YAMLError:
+            return {}  # edited by hand into something unreadable: nothing is kept, the pass rewrites it
+        return {m.name: topics[m.name] for m in members if m.name in topics and naming.owned_by(live, m.uid)}
+
     async def _apply(self, namespace: str, pool: str, body: Mapping[str, Any],
                      tls_keys: Mapping[str, Collection[str]], this: tuple[tuple[str, str], Member] | None,
                      leaving: str | None = None) -> PoolOutcome:
@@ -135,7 +150,8 @@ class Pools:
                 outcome.problems.append(st.Problem(st.APPLY_FAILED, f"listing pool {pool!r}: {error_text(err)}"))
                 outcome.retry = err.retryable
                 return outcome
-            built = build_pool(pool, members, self.worker_image, tls_keys, self.admitted)
+            running = await self._running(namespace, pool, members)
+            built = build_pool(pool, members, self.worker_image, tls_keys, self.admitted, running)
             for obj in built.objects:
                 await self._put(body, pool, obj, outcome, built)
             for kind, name in built.absent:
