@@ -27,7 +27,7 @@ def owners(api: Api, kind: naming.Kind, name: str) -> list[str] | None:
 
 def profiles(api: Api) -> list[str]:
     configmap = api.get(naming.CONFIGMAP, NS, naming.configmap_name(BASE)) or {"data": {naming.CONFIG_KEY: "{}"}}
-    return sorted((yaml.safe_load(configmap["data"][naming.CONFIG_KEY]).get("topics") or {}))
+    return sorted(yaml.safe_load(configmap["data"][naming.CONFIG_KEY]).get("topics") or {})
 
 
 def resources(api: Api) -> dict[str, Any] | None:
@@ -42,7 +42,8 @@ async def test_a_pools_objects_follow_its_members(api: Api, operator: Reconciler
         await api.create(member(name, **urls))
     for kind, name in ((naming.DEPLOYMENT, BASE), (naming.CONFIGMAP, naming.configmap_name(BASE)),
                        (naming.SERVICE, naming.service_name(BASE))):
-        assert await wait_for(lambda k=kind, n=name: owners(api, k, n) == ["a", "b"], within=10), owners(api, kind, name)
+        found = await wait_for(lambda k=kind, n=name: owners(api, k, n) == ["a", "b"], within=10)
+        assert found, owners(api, kind, name)
     assert profiles(api) == ["a", "b"]
     assert api.get(naming.DEPLOYMENT, NS, "a") is None and api.get(naming.DEPLOYMENT, NS, "b") is None
 
