@@ -134,17 +134,21 @@ def owner_references(members: Sequence[Member]) -> list[dict[str, Any]]:
 def build_pool(pool: str, candidates: Sequence[Member], worker_image: str,
                tls_keys: Mapping[str, Collection[str]] | None = None,
                admitted: Callable[[ReplicationSpec], tuple[str, str] | None] | None = None,
-               running: Mapping[str, Mapping[str, Any]] | None = None) -> Pool:
+               running: Mapping[str, Mapping[str, Any]] | None = None, paused: Collection[str] = ()) -> Pool:
     """The pool for its members, oldest first: the first admissible one sets the pods; each other one
     joins if its pods match and its profile is valid, else it is refused (reason, message).
     `admitted` says why the operator's policy refuses a spec, (reason, message), or None.
     `running`: the profiles the pool's ConfigMap holds for its members now. A member already in the
     pool that comes to be refused (its pods changed before the others', as a pool's pods are, one
     member at a time; a change the policy or the worker refuses) keeps its running profile until it
-    is accepted again, as a refused lone resource keeps its children: a pool changes without a gap."""
+    is accepted again, as a refused lone resource keeps its children: a pool changes without a gap.
+    A `paused` member (the pause annotation) is not looked at: its running profile stays as it is."""
     accepted: list[Member] = []
     refused: dict[str, tuple[str, str]] = {}
+    frozen = [m for m in candidates if m.name in paused and m.name in (running or {})]
     for member in candidates:
+        if member.name in paused:
+            continue
         why = admitted(member.spec) if admitted else None
         if why:
             refused[member.name] = why
@@ -170,7 +174,7 @@ def build_pool(pool: str, candidates: Sequence[Member], worker_image: str,
         reason, message = refused[member.name]
         refused[member.name] = (reason, message + " (its last accepted profile runs on in the pool)")
     config = worker_config.build_pool_config([(m.spec, m.resume_after) for m in accepted], tls_keys,
-                                             {m.name: (running or {})[m.name] for m in kept})
+                                             {m.name: (running or {})[m.name] for m in (*kept, *frozen)})
     owner = pool_spec(accepted[0].spec)
     objects = [
         _labelled(workload.build_configmap(owner, config.text), pool),
@@ -181,7 +185,7 @@ def build_pool(pool: str, candidates: Sequence[Member], worker_image: str,
         objects.append(_labelled(workload.build_pdb(owner), pool))
     if owner.monitoring.service_monitor.enabled:
         objects.append(_labelled(workload.build_service_monitor(owner), pool))
-    owners = {m.name for m in (*accepted, *kept)}
+    owners = {m.name for m in (*accepted, *kept, *frozen)}
     refs = owner_references([m for m in candidates if m.name in owners])
     for obj in objects:
         obj["metadata"]["ownerReferences"] = copy.deepcopy(refs)

@@ -58,6 +58,9 @@ class Pools:
         self.locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.joined: dict[str, tuple[str, str]] = {}  # uid -> (namespace, pool) it was last applied into
         self.left: dict[str, float] = {}  # uid -> when (monotonic) a deleted member left its pool's ConfigMap
+        # A TLS Secret's name -> the keys it holds, as the members' passes last found them: the profiles of
+        # every member are rebuilt with them (members share their Secrets), also when one leaves.
+        self.tls_keys: dict[str, dict[str, Collection[str]]] = {}  # by namespace
 
     def forget(self, uid: str) -> None:
         self.joined.pop(uid, None)
@@ -71,7 +74,7 @@ class Pools:
         uid, namespace = meta["uid"], meta["namespace"]
         before = self.joined.get(uid)
         if before is not None and before != (namespace, spec.pool):
-            await self._apply(before[0], before[1], body, tls_keys, None, leaving=uid)
+            await self._apply(before[0], before[1], body, None, None, leaving=uid)
             self.joined.pop(uid, None)
         if spec.pool is None:
             return None
@@ -90,7 +93,7 @@ class Pools:
             config = await self.api.get_quietly(naming.CONFIGMAP, namespace,
                                                 naming.configmap_name(naming.pool_base(spec.pool)))
             was_in = config is not None and naming.owned_by(config, uid)  # refused members never ran in it
-            outcome = await self._apply(namespace, spec.pool, body, {}, None, leaving=uid)
+            outcome = await self._apply(namespace, spec.pool, body, None, None, leaving=uid)
             if any(p.reason == st.APPLY_FAILED for p in outcome.problems):
                 return "; ".join(p.message for p in outcome.problems)
             self.left[uid] = time.monotonic() if was_in else -RELOAD_GRACE
@@ -112,14 +115,17 @@ class Pools:
         return ((obj.get("metadata") or {}).get("labels") or {}).get(naming.LABEL_POOL) == pool
 
     async def _members(self, namespace: str, pool: str, this: tuple[tuple[str, str], Member] | None,
-                       leaving: str | None) -> list[Member]:
-        """The resources naming the pool, oldest first; the pass's own spec for its own resource."""
+                       leaving: str | None, paused: set[str]) -> list[Member]:
+        """The resources naming the pool, oldest first; the pass's own spec for its own resource.
+        Adds the names of the paused ones to `paused`."""
         found: dict[str, tuple[tuple[str, str], Member]] = {}
         for body in await self.api.list(naming.STREAM_REPLICATION, namespace):
             meta = body.get("metadata") or {}
             uid = str(meta.get("uid") or "")
             if uid == leaving or meta.get("deletionTimestamp") or (body.get("spec") or {}).get("pool") != pool:
                 continue
+            if naming.paused(body):
+                paused.add(str(meta.get("name")))
             try:
                 found[uid] = (_order(body), Member(parse_spec(body), uid, _resume_after(body)))
             except SpecError:
@@ -140,18 +146,21 @@ class Pools:
         return {m.name: topics[m.name] for m in members if m.name in topics and naming.owned_by(live, m.uid)}
 
     async def _apply(self, namespace: str, pool: str, body: Mapping[str, Any],
-                     tls_keys: Mapping[str, Collection[str]], this: tuple[tuple[str, str], Member] | None,
+                     tls_keys: Mapping[str, Collection[str]] | None, this: tuple[tuple[str, str], Member] | None,
                      leaving: str | None = None) -> PoolOutcome:
         outcome = PoolOutcome()
+        known = self.tls_keys.setdefault(namespace, {})
+        known.update(tls_keys or {})
+        paused: set[str] = set()
         async with self.locks.setdefault((namespace, pool), asyncio.Lock()):
             try:
-                members = await self._members(namespace, pool, this, leaving)
+                members = await self._members(namespace, pool, this, leaving, paused)
             except APIError as err:
                 outcome.problems.append(st.Problem(st.APPLY_FAILED, f"listing pool {pool!r}: {error_text(err)}"))
                 outcome.retry = err.retryable
                 return outcome
             running = await self._running(namespace, pool, members)
-            built = build_pool(pool, members, self.worker_image, tls_keys, self.admitted, running)
+            built = build_pool(pool, members, self.worker_image, known, self.admitted, running, paused)
             for obj in built.objects:
                 await self._put(body, pool, obj, outcome, built)
             for kind, name in built.absent:

@@ -12,6 +12,7 @@ acknowledged. A member whose pods would differ is refused with its condition, th
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,16 @@ def copied(exposition: str, name: str) -> float:
 
 async def consumer_created(nc: Client, name: str) -> str:
     return str((await nc.jetstream().consumer_info(name.upper(), f"{NS}_{name}")).created)
+
+
+async def report(config: Path) -> list[list[str]]:
+    """`stream-replicator report` on the pod's config file: its table's rows, cell by cell."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "replicator", "report", "--config", str(config),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode()
+    lines = [line for line in out.decode().splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
 
 
 def condition(api: Api, name: str, kind: str) -> dict[str, Any] | None:
@@ -140,6 +151,9 @@ async def test_a_pool_of_three_loses_and_duplicates_nothing_as_members_come_and_
             for name in ("a", "b", "d"):
                 assert await wait_count(target_nc, name.upper(), totals[name], 60) is not None, log_text(kubelet.log)
             assert kubelet.starts == 1 and kubelet.proc.pid == pid
+            assert kubelet.volume is not None
+            rows = await report(kubelet.volume.path(naming.CONFIG_KEY))
+            assert {r[0]: (r[3], r[4]) for r in rows} == {n: (replicator(n), "0") for n in ("a", "b", "d")}, rows
     finally:
         for publisher in publishers.values():
             if publisher._task is not None and not publisher._task.done():

@@ -118,3 +118,17 @@ def test_what_a_pool_cannot_share_is_refused_by_the_schema_and_the_model() -> No
             assert words in str(err)
         else:
             raise AssertionError("the model took it")
+
+
+def test_a_member_in_the_pool_keeps_its_running_profile_while_refused_or_paused() -> None:
+    first = build_pool("region", [member("a"), member("b"), member("c")], IMAGE)
+    running = yaml.safe_load(kinds(first.objects)["ConfigMap"]["data"][naming.CONFIG_KEY])["topics"]
+    members = [member("a"), member("b", replicas=2, maxAge="1h"), member("c", maxAge="2h"), member("d", replicas=2)]
+    pool = build_pool("region", members, IMAGE, running=running, paused={"c"})
+    topics = yaml.safe_load(kinds(pool.objects)["ConfigMap"]["data"][naming.CONFIG_KEY])["topics"]
+    assert sorted(topics) == ["a", "b", "c"]  # d, never in it, stays out
+    assert topics["b"] == running["b"] and topics["c"] == running["c"]  # as they ran: no max_age
+    assert "runs on" in pool.refused["b"][1] and "runs on" not in pool.refused["d"][1]
+    assert "c" not in pool.refused
+    owners = [r["name"] for r in kinds(pool.objects)["Deployment"]["metadata"]["ownerReferences"]]
+    assert owners == ["a", "b", "c"]
