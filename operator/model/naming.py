@@ -103,6 +103,12 @@ def pool_base(pool: str) -> str:
     return f"{pool}-pool"
 
 
+def pods_named_after(name: str, deployment: Mapping[str, Any] | None) -> str:
+    """What a resource's pods are named and selected after: its own name, or its pool's (`<pool>-pool`)."""
+    pool = ((deployment or {}).get("metadata") or {}).get("labels", {}).get(LABEL_POOL)
+    return pool_base(pool) if pool else name
+
+
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     """Whether `obj` has an owner reference (controller or not) to the resource with this uid."""
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []

@@ -30,6 +30,8 @@ from replication_operator.reconcile.events import Events
 RELOAD_GRACE = 75.0  # seconds from a member's removal from the ConfigMap to its workers surely stopping it
 
 Admitted = Callable[[ReplicationSpec], tuple[str, str] | None]
+Nudge = Callable[[str, str], None]  # (namespace, name): another member's standing changed, pass it again
+Standing = dict[str, tuple[str, str] | None]  # member name -> why it is refused, None while accepted
 
 
 @dataclass
@@ -51,10 +53,12 @@ def _order(body: Mapping[str, Any]) -> tuple[str, str]:
 
 class Pools:
     def __init__(self, api: KubeApi, applier: Applier, events: Events, worker_image: str,
-                 admitted: Admitted | None = None) -> None:
+                 admitted: Admitted | None = None, nudge: Nudge | None = None) -> None:
         self.api, self.applier, self.events = api, applier, events
         self.worker_image = worker_image
         self.admitted = admitted
+        self.nudge = nudge
+        self.standing: dict[tuple[str, str], Standing] = {}  # the members' standing at each pool's last pass
         self.locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.joined: dict[str, tuple[str, str]] = {}  # uid -> (namespace, pool) it was last applied into
         self.left: dict[str, float] = {}  # uid -> when (monotonic) a deleted member left its pool's ConfigMap
@@ -165,11 +169,22 @@ class Pools:
                 await self._put(body, pool, obj, outcome, built)
             for kind, name in built.absent:
                 await self._remove(body, pool, kind, namespace, name, outcome)
+            self._nudge_changed(namespace, pool, {m.name: built.refused.get(m.name) for m in members},
+                                this[1].name if this else None)
         if this is not None and this[1].name in built.refused:
             reason, message = built.refused[this[1].name]
             outcome.problems.append(st.Problem(reason, message))
             outcome.deployment = None
         return outcome
+
+    def _nudge_changed(self, namespace: str, pool: str, standing: Standing, own: str | None) -> None:
+        """The other members whose standing this pass changed (refused by new pods, accepted again, or
+        their settings owner gone) get a pass of their own: their status says so at once."""
+        before = self.standing.get((namespace, pool), {})
+        self.standing[(namespace, pool)] = standing
+        for name, now in standing.items():
+            if name != own and name in before and before[name] != now and self.nudge is not None:
+                self.nudge(namespace, name)
 
     async def _put(self, body: Mapping[str, Any], pool: str, obj: dict[str, Any], outcome: PoolOutcome,
                    built: Pool) -> None:

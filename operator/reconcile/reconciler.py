@@ -12,8 +12,10 @@ the engine switch where both need it: `Events`, the `StatusWriter`, the `Applier
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,6 +41,8 @@ from replication_operator.reconcile.status_writer import StatusWriter
 from replication_operator.settings import OperatorConfig
 
 from replicator.observe.monitor import MonitorServer
+
+log = logging.getLogger("replication_operator")
 
 # Problems that keep the operator from reading NATS for a resource (its Secrets are not usable).
 NO_NATS_READS = frozenset({st.SECRET_MISSING, st.SECRET_KEY_MISSING, *policy.REASONS})
@@ -68,7 +72,9 @@ class Reconciler:
         self.secrets = Secrets(self.api, self.policy)
         self.applier = Applier(self.api, self.events)
         self.status = StatusWriter(self.api, self.metrics, self.events, self.clock, self.config.certificate_warning)
-        self.pools = Pools(self.api, self.applier, self.events, self.config.worker_image, self._policy_refusal)
+        self.pools = Pools(self.api, self.applier, self.events, self.config.worker_image, self._policy_refusal,
+                           self._nudge)
+        self._nudged: set[asyncio.Task[None]] = set()
         self.switch = EngineSwitch(self.api, self.secrets, self.events, self.status, self.clock,
                                    self.config.nats_timeout)
 
@@ -85,6 +91,20 @@ class Reconciler:
             self.status.forget(memory)
         self.applier.forget(uid)
         self.pools.forget(uid)
+
+    def _nudge(self, namespace: str, name: str) -> None:
+        """Another pass of a pool member, soon (not under the lock of the pass that asks for it)."""
+        task = asyncio.create_task(self._pass_again(namespace, name))
+        self._nudged.add(task)
+        task.add_done_callback(self._nudged.discard)
+
+    async def _pass_again(self, namespace: str, name: str) -> None:
+        try:
+            owner = await self._owner(namespace, name)
+            if owner is not None:
+                await self.reconcile(owner, cause="pool")
+        except Exception:  # a boundary: a task nobody awaits; its timer's pass comes anyway
+            log.exception("another pass of pool member %s/%s failed", namespace, name)
 
     def _policy_refusal(self, spec: ReplicationSpec) -> tuple[str, str] | None:
         """The policy's first refusal of a pool member's spec (it is kept out of the pool)."""

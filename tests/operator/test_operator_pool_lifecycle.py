@@ -47,6 +47,20 @@ async def test_a_pools_objects_follow_its_members(api: Api, operator: Reconciler
     assert profiles(api) == ["a", "b"]
     assert api.get(naming.DEPLOYMENT, NS, "a") is None and api.get(naming.DEPLOYMENT, NS, "b") is None
 
+    # The pool's pods ready: every member says so in its own status.
+    deployment = api.get(naming.DEPLOYMENT, NS, BASE) or {}
+    await api.patch(naming.DEPLOYMENT, NS, BASE, {"status": {
+        "observedGeneration": deployment["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1,
+        "readyReplicas": 1, "availableReplicas": 1,
+        "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}},
+        subresource="status")
+    for name in ("a", "b"):
+        ready = await wait_for(lambda n=name: (c := condition(api, n, "Ready")) and c["status"] == "True" and c,
+                               within=10)
+        assert ready["reason"] == "Replicating", ready
+        status = (api.get(naming.STREAM_REPLICATION, NS, name) or {})["status"]
+        assert status["selector"] == naming.selector_string(BASE)  # the pool's pods (kubectl get pods -l)
+
     # The pool's pods changed one member at a time: the settings owner first; the other, refused
     # meanwhile, runs on with its last profile, then joins again.
     await api.patch(naming.STREAM_REPLICATION, NS, "a", {"spec": {"resources": RESOURCES}})
@@ -62,7 +76,7 @@ async def test_a_pools_objects_follow_its_members(api: Api, operator: Reconciler
     await api.patch(naming.STREAM_REPLICATION, NS, "b", {"spec": {"pool": None}})
     assert await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "b") is not None, within=10)
     assert await wait_for(lambda: profiles(api) == ["a"], within=10), profiles(api)
-    assert owners(api, naming.DEPLOYMENT, BASE) == ["a"]
+    assert await wait_for(lambda: owners(api, naming.DEPLOYMENT, BASE) == ["a"], within=10)
 
     # The last member goes: so do the pool's objects.
     await api.delete(naming.STREAM_REPLICATION, NS, "a")
