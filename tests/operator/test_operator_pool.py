@@ -1,9 +1,9 @@
 """A worker pool end to end: three StreamReplications in one pool, through the real operator over the
 API emulator, their pool's Deployment run as a process (pool_pods.py) against two real NATS servers.
 
-While all copy, one member is deleted and one added: the operator rewrites the pool's ConfigMap
-alone (the Deployment does not roll), the kubelet stand-in swaps the mounted file, the worker
-reloads it. Asserted on what the servers, the worker's log and its metrics show: the same pod and
+While all copy, one member is deleted, one added and one changed, each a reload of its own: the
+operator rewrites the pool's ConfigMap alone (the Deployment does not roll), the kubelet stand-in
+swaps the mounted file, the worker reloads it and restarts only the changed member's copier. Asserted on what the servers, the worker's log and its metrics show: the same pod and
 process throughout, the unchanged members' consumers and connections never recreated, every
 message on the targets once and in order; the removed member's copies exactly what it
 acknowledged. A member whose pods would differ is refused with its condition, the pool untouched.
@@ -110,13 +110,17 @@ async def test_a_pool_of_three_loses_and_duplicates_nothing_as_members_come_and_
             # One removed and one added while all copy.
             mark = log_size(kubelet.log)
             await api.delete(naming.STREAM_REPLICATION, NS, "c")
-            await api.create(member("d", source_server.url, target_server.url))
+            assert await wait_log(kubelet.log, "config reloaded: removed c; 2 unchanged", 60, mark), \
+                log_text(kubelet.log, mark)
             assert await wait_log(kubelet.log, "c stopped for the reload", 60, mark), log_text(kubelet.log, mark)
+            await api.create(member("d", source_server.url, target_server.url))
+            assert await wait_log(kubelet.log, "config reloaded: added d; 2 unchanged", 60, mark), \
+                log_text(kubelet.log, mark)
             assert await wait_count(target_nc, "D", 100, 60) is not None, log_text(kubelet.log, mark)
             await asyncio.sleep(1.0)  # the unchanged keep copying through the reloads
             after = scrape(kubelet.port)
             assert kubelet.starts == 1 and kubelet.proc is not None and kubelet.proc.pid == pid  # never restarted
-            assert kubelet.syncs >= 1  # the ConfigMap reached the running pod
+            assert kubelet.syncs == 2  # each change of the ConfigMap reached the running pod
             deployment = api.get(naming.DEPLOYMENT, NS, base)
             assert deployment is not None and deployment["spec"]["template"] == template  # the pods did not roll
             for name in ("a", "b"):  # the same consumers, no new copier, counters going on
@@ -128,6 +132,19 @@ async def test_a_pool_of_three_loses_and_duplicates_nothing_as_members_come_and_
             configmap = api.get(naming.CONFIGMAP, NS, naming.configmap_name(base))
             assert configmap is not None and "\n  d:\n" in configmap["data"][naming.CONFIG_KEY]
             assert [r["name"] for r in configmap["metadata"]["ownerReferences"]] == ["a", "b", "d"]
+
+            # One changed: it alone restarts, on its own durable, with its new settings.
+            created["d"] = await consumer_created(source_nc, "d")
+            mark = log_size(kubelet.log)
+            await api.patch(naming.STREAM_REPLICATION, NS, "b", {"spec": {"maxAge": "1h"}})
+            assert await wait_log(kubelet.log, "config reloaded: changed b; 2 unchanged", 60, mark), \
+                log_text(kubelet.log, mark)
+            assert await wait_log(kubelet.log, "bound to", 30, mark), log_text(kubelet.log, mark)
+            assert bound(log_text(kubelet.log, mark), "b") == 1
+            for name in ("a", "d"):
+                assert bound(log_text(kubelet.log, mark), name) == 0
+                assert await consumer_created(source_nc, name) == created[name]
+            assert kubelet.starts == 1 and kubelet.proc.pid == pid and kubelet.syncs == 3
 
             # A member whose pods would differ is refused; the pool is left as it was.
             versions = {k.kind: (api.get(k, NS, n) or {})["metadata"]["resourceVersion"] for k, n in
