@@ -3,10 +3,11 @@ API emulator, their pool's Deployment run as a process (pool_pods.py) against tw
 
 While all copy, one member is deleted, one added and one changed, each a reload of its own: the
 operator rewrites the pool's ConfigMap alone (the Deployment does not roll), the kubelet stand-in
-swaps the mounted file, the worker reloads it and restarts only the changed member's copier. Asserted on what the servers, the worker's log and its metrics show: the same pod and
-process throughout, the unchanged members' consumers and connections never recreated, every
-message on the targets once and in order; the removed member's copies exactly what it
-acknowledged. A member whose pods would differ is refused with its condition, the pool untouched.
+swaps the mounted file, the worker reloads it and restarts only the changed member's copier.
+Asserted on what the servers, the worker's log and its metrics show: the same pod and process
+throughout, the unchanged members' copiers and consumers never recreated, every message on the
+targets once and in order; the removed member's copies exactly what it acknowledged. A member
+whose pods would differ is refused with its condition, the pool untouched.
 """
 
 from __future__ import annotations

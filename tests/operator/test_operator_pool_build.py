@@ -4,6 +4,7 @@ member whose pods differ is refused, naming the field and the pool's settings ow
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -132,3 +133,18 @@ def test_a_member_in_the_pool_keeps_its_running_profile_while_refused_or_paused(
     assert "c" not in pool.refused
     owners = [r["name"] for r in kinds(pool.objects)["Deployment"]["metadata"]["ownerReferences"]]
     assert owners == ["a", "b", "c"]
+
+
+def test_the_examples_pool_is_valid_and_loads_in_the_worker(tmp_path: Path) -> None:
+    members = [Member(parse_spec(h.example(r["metadata"]["name"])), f"uid-{r['metadata']['name']}")
+               for r in h.example_resources(pooled=True)]
+    assert len(members) >= 2
+    pool = build_pool(members[0].spec.pool or "", members, IMAGE)
+    assert not pool.refused and len(pool.members) == len(members)
+    objects = kinds(pool.objects)
+    for obj in pool.objects:
+        h.validate_k8s(obj)
+    mounts = h.secret_mounts(objects["Deployment"])
+    assert list(mounts.values()) == ["region-nats"]
+    config = parse_config(h.materialise(pool.config_text, tmp_path, {"region-nats": {"user.creds": b"x"}}, mounts))
+    assert sorted(config.topics) == sorted(m.name for m in members)
