@@ -32,6 +32,7 @@ CRD_MISSING = "CRDMissing"  # ServiceMonitor / ScheduledSparkApplication asked f
 APPLY_FAILED = "ApplyFailed"  # the API refused a child
 ROLLOUT_STUCK = "RolloutStuck"  # the Deployment exceeded its progress deadline
 POOL_MISMATCH = "PoolMismatch"  # spec.pool names a pool whose pods this resource's settings do not match
+POOL_HANDOVER = "PoolHandover"  # joining or leaving a pool: the workers it left stop copying it first
 PODS_UNAVAILABLE = "PodsUnavailable"  # rolled out, but fewer pods ready than desired
 HEALTHY = "Healthy"
 BLOCKED = "Blocked"

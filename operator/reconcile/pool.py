@@ -6,7 +6,11 @@ pool, so passes of several members never interleave and the last one wins with t
 A member that leaves (deleted, or its `spec.pool` changed) is dropped from the ConfigMap by its own
 pass; its durable consumer may only go once the pool's workers have reloaded the file without it,
 which the API cannot show: the kubelet syncs a mounted ConfigMap within about a minute and the
-worker reads it within seconds, so the member waits `RELOAD_GRACE` after it left.
+worker reads it within seconds, so the member waits a grace period after it left (`grace`, the
+operator's `pool_reload_grace`). A member that moves (into a pool from pods of its own, out of a
+pool, from one pool to another) never runs in two places at once: its own Deployment is deleted in
+the foreground and gone before it joins, and a pool it left has had the grace period to stop it
+before its new home starts it (`PoolHandover` meanwhile).
 """
 
 from __future__ import annotations
@@ -27,8 +31,6 @@ from replication_operator.model.spec import ReplicationSpec, SpecError, parse_sp
 from replication_operator.reconcile.apply import Applier, contains
 from replication_operator.reconcile.events import Events
 
-RELOAD_GRACE = 75.0  # seconds from a member's removal from the ConfigMap to its workers surely stopping it
-
 Admitted = Callable[[ReplicationSpec], tuple[str, str] | None]
 Nudge = Callable[[str, str], None]  # (namespace, name): another member's standing changed, pass it again
 Standing = dict[str, tuple[str, str] | None]  # member name -> why it is refused, None while accepted
@@ -39,6 +41,7 @@ class PoolOutcome:
     problems: list[st.Problem] = field(default_factory=list)  # the member's own (refused, conflicts, API)
     deployment: dict[str, Any] | None = None  # the pool's Deployment as the API server has it
     retry: bool = False
+    waiting: bool = False  # a handover: nothing of the member's new home may be applied yet
 
 
 def _resume_after(body: Mapping[str, Any]) -> int | None:
@@ -53,15 +56,17 @@ def _order(body: Mapping[str, Any]) -> tuple[str, str]:
 
 class Pools:
     def __init__(self, api: KubeApi, applier: Applier, events: Events, worker_image: str,
-                 admitted: Admitted | None = None, nudge: Nudge | None = None) -> None:
+                 admitted: Admitted | None = None, nudge: Nudge | None = None, grace: float = 75.0) -> None:
         self.api, self.applier, self.events = api, applier, events
         self.worker_image = worker_image
+        self.grace = grace
         self.admitted = admitted
         self.nudge = nudge
         self.standing: dict[tuple[str, str], Standing] = {}  # the members' standing at each pool's last pass
         self.locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.joined: dict[str, tuple[str, str]] = {}  # uid -> (namespace, pool) it was last applied into
         self.left: dict[str, float] = {}  # uid -> when (monotonic) a deleted member left its pool's ConfigMap
+        self.moved: dict[str, tuple[float, str]] = {}  # uid -> when a member moved out of a pool, and which
         # A TLS Secret's name -> the keys it holds, as the members' passes last found them: the profiles of
         # every member are rebuilt with them (members share their Secrets), also when one leaves.
         self.tls_keys: dict[str, dict[str, Collection[str]]] = {}  # by namespace
@@ -69,6 +74,7 @@ class Pools:
     def forget(self, uid: str) -> None:
         self.joined.pop(uid, None)
         self.left.pop(uid, None)
+        self.moved.pop(uid, None)
 
     async def sync(self, body: Mapping[str, Any], spec: ReplicationSpec,
                    tls_keys: Mapping[str, Collection[str]], resume_after: int | None) -> PoolOutcome | None:
@@ -78,10 +84,22 @@ class Pools:
         uid, namespace = meta["uid"], meta["namespace"]
         before = self.joined.get(uid)
         if before is not None and before != (namespace, spec.pool):
-            await self._apply(before[0], before[1], body, None, None, leaving=uid)
+            self.moved[uid] = (await self._drop(before[0], before[1], body, uid), before[1])
             self.joined.pop(uid, None)
+        if uid in self.moved:
+            since, old = self.moved[uid]
+            waited = time.monotonic() - since
+            if waited < self.grace:
+                where = f"it joins pool {spec.pool!r}" if spec.pool else "its own worker Deployment starts it"
+                return PoolOutcome([st.Problem(st.POOL_HANDOVER, f"waiting {self.grace - waited:.0f} s more for "
+                                               f"pool {old!r}'s workers to stop copying it before {where}")],
+                                   waiting=True)  # the timer passes again: a problem it may fix
+            self.moved.pop(uid)
         if spec.pool is None:
             return None
+        stopping = await self._stop_own(body, spec)
+        if stopping is not None:
+            return stopping
         this = (_order(body), Member(spec, uid, resume_after))
         outcome = await self._apply(namespace, spec.pool, body, tls_keys, this)
         self.joined[uid] = (namespace, spec.pool)
@@ -94,13 +112,10 @@ class Pools:
         uid, namespace = meta["uid"], meta["namespace"]
         assert spec.pool is not None
         if uid not in self.left:
-            config = await self.api.get_quietly(naming.CONFIGMAP, namespace,
-                                                naming.configmap_name(naming.pool_base(spec.pool)))
-            was_in = config is not None and naming.owned_by(config, uid)  # refused members never ran in it
-            outcome = await self._apply(namespace, spec.pool, body, None, None, leaving=uid)
-            if any(p.reason == st.APPLY_FAILED for p in outcome.problems):
-                return "; ".join(p.message for p in outcome.problems)
-            self.left[uid] = time.monotonic() if was_in else -RELOAD_GRACE
+            try:
+                self.left[uid] = await self._drop(namespace, spec.pool, body, uid)
+            except APIError as err:
+                return error_text(err)
             self.joined.pop(uid, None)
         name = naming.deployment_name(naming.pool_base(spec.pool))
         deployment = await self.api.get_quietly(naming.DEPLOYMENT, namespace, name)
@@ -109,10 +124,42 @@ class Pools:
         if deployment is not None and deployment["metadata"].get("deletionTimestamp"):
             return f"waiting for Deployment {name}'s pods to stop (the pool's last member is going)"
         waited = time.monotonic() - self.left[uid]
-        if deployment is not None and waited < RELOAD_GRACE:
-            return (f"waiting {RELOAD_GRACE - waited:.0f} s more for pool {spec.pool!r}'s workers to reload its "
+        if deployment is not None and waited < self.grace:
+            return (f"waiting {self.grace - waited:.0f} s more for pool {spec.pool!r}'s workers to reload its "
                     f"ConfigMap without this replication before deleting the durable consumer")
         return None
+
+    async def _drop(self, namespace: str, pool: str, body: Mapping[str, Any], uid: str) -> float:
+        """The pool applied without the member; from when (monotonic) its workers may still copy it
+        (long ago if it never ran in the pool: refused). Raises APIError when the pool cannot be applied."""
+        config = await self.api.get_quietly(naming.CONFIGMAP, namespace, naming.configmap_name(naming.pool_base(pool)))
+        was_in = config is not None and naming.owned_by(config, uid)
+        outcome = await self._apply(namespace, pool, body, None, None, leaving=uid)
+        failed = [p.message for p in outcome.problems if p.reason == st.APPLY_FAILED]
+        if failed:
+            raise APIError(0, "; ".join(failed))
+        return time.monotonic() if was_in else -self.grace
+
+    async def _stop_own(self, body: Mapping[str, Any], spec: ReplicationSpec) -> PoolOutcome | None:
+        """A member joining from pods of its own: their Deployment deleted in the foreground and gone
+        first (None once it is)."""
+        meta = body["metadata"]
+        name = naming.deployment_name(meta["name"])
+        own = await self.api.get_quietly(naming.DEPLOYMENT, meta["namespace"], name)
+        if own is None or not naming.controlled_by(own, meta["uid"]):
+            return None
+        self.applier.desired.pop((naming.DEPLOYMENT.plural, meta["namespace"], name), None)  # not drift
+        if not own["metadata"].get("deletionTimestamp"):
+            try:
+                await self.api.delete(naming.DEPLOYMENT, meta["namespace"], name, uid=own["metadata"].get("uid"),
+                                      foreground=True)
+            except APIError as err:
+                return PoolOutcome([st.Problem(st.APPLY_FAILED, f"deleting Deployment {name}: {error_text(err)}")],
+                                   retry=True, waiting=True)
+            self.events.post(body, "Normal", "Deleted", f"deleted Deployment {name}: its pods stop before this "
+                             f"replication joins pool {spec.pool!r}")
+        return PoolOutcome([st.Problem(st.POOL_HANDOVER, f"waiting for Deployment {name}'s pods to stop before "
+                                       f"joining pool {spec.pool!r}")], waiting=True)
 
     @staticmethod
     def _in_pool(obj: Mapping[str, Any], pool: str) -> bool:

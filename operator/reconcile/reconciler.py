@@ -73,7 +73,7 @@ class Reconciler:
         self.applier = Applier(self.api, self.events)
         self.status = StatusWriter(self.api, self.metrics, self.events, self.clock, self.config.certificate_warning)
         self.pools = Pools(self.api, self.applier, self.events, self.config.worker_image, self._policy_refusal,
-                           self._nudge)
+                           self._nudge, self.config.pool_reload_grace)
         self._nudged: set[asyncio.Task[None]] = set()
         self.switch = EngineSwitch(self.api, self.secrets, self.events, self.status, self.clock,
                                    self.config.nats_timeout)
@@ -177,15 +177,19 @@ class Reconciler:
                         except SpecError as err:
                             problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 
+        pool = None
+        if spec is not None and pooled is not None:  # a pool member's pods, or a pool it moved out of
+            pool = await self.pools.sync(body, spec, *pooled)
+            if pool is not None:
+                problems.extend(pool.problems)
+                retry = pool.retry
+                children = None if pool.waiting else children  # a handover: its new home waits
         if children is not None:
             applied = await self.applier.apply(body, children, cause)
             problems.extend(applied.problems)
-            deployment, retry = applied.deployment, applied.retry
-            if spec is not None and pooled is not None:  # a pool member's pods, or a pool it left
-                pool = await self.pools.sync(body, spec, *pooled)
-                if pool is not None:
-                    problems.extend(pool.problems)
-                    deployment, retry = pool.deployment, retry or pool.retry
+            deployment, retry = applied.deployment, retry or applied.retry
+            if pool is not None:
+                deployment = pool.deployment
             if memory.current_status(body).get("engine") != engine.REPLICATOR:
                 with contextlib.suppress(APIError):  # written with the rest of the status otherwise
                     await self.status.persist(body, memory, {"engine": engine.REPLICATOR})

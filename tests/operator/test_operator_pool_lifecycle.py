@@ -1,10 +1,12 @@
 """A pool's objects through the real operator over the API emulator (no workers run here; the pool's
-copying is test_operator_pool.py's): owned by every member, the pods changed one member at a time
-without a member dropping out, a member leaving for a Deployment of its own, and the pool's
-objects deleted with its last member."""
+copying is test_operator_pool.py's): owned by every member, every member's status from the pool's
+pods, the pods changed one member at a time without a member dropping out, a member leaving for a
+Deployment of its own and joining again (never running in both places), and the pool's objects
+deleted with its last member."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import yaml
@@ -14,7 +16,7 @@ from replication_operator.reconcile.reconciler import Reconciler
 from replicator.demo.local_nats import LocalNatsServer
 from tests.operator.helpers import Api
 from tests.operator.test_operator_pool import NS, POOL, condition, member
-from tests.support.kube_emulator import wait_for
+from tests.support.kube_emulator import ClusterEmulator, wait_for
 
 BASE = naming.pool_base(POOL)
 RESOURCES = {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}}
@@ -35,7 +37,8 @@ def resources(api: Api) -> dict[str, Any] | None:
     return None if deployment is None else dict(deployment["spec"]["template"]["spec"]["containers"][0]["resources"])
 
 
-async def test_a_pools_objects_follow_its_members(api: Api, operator: Reconciler, source_server: LocalNatsServer,
+async def test_a_pools_objects_follow_its_members(api: Api, cluster: ClusterEmulator, operator: Reconciler,
+                                                  source_server: LocalNatsServer,
                                                   target_server: LocalNatsServer) -> None:
     urls: dict[str, Any] = {"source": source_server.url, "target": target_server.url}
     for name in ("a", "b"):
@@ -72,16 +75,36 @@ async def test_a_pools_objects_follow_its_members(api: Api, operator: Reconciler
     await api.patch(naming.STREAM_REPLICATION, NS, "b", {"spec": {"resources": RESOURCES}})
     assert await wait_for(lambda: (c := condition(api, "b", "Ready")) and c["reason"] != "PoolMismatch", within=10)
 
-    # b leaves the pool for a Deployment of its own.
+    # b leaves the pool for a Deployment of its own: out of the pool first, its own pods only once
+    # the pool's workers have had the grace period (FAST: 2 s) to stop copying it.
     await api.patch(naming.STREAM_REPLICATION, NS, "b", {"spec": {"pool": None}})
-    assert await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "b") is not None, within=10)
     assert await wait_for(lambda: profiles(api) == ["a"], within=10), profiles(api)
+    handover = await wait_for(lambda: (c := condition(api, "b", "Degraded")) and c["reason"] == "PoolHandover" and c,
+                              within=10)
+    assert "pool 'region'" in handover["message"] and "own worker Deployment" in handover["message"]
+    assert api.get(naming.DEPLOYMENT, NS, "b") is None
+    assert await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "b") is not None, within=10)
     assert await wait_for(lambda: owners(api, naming.DEPLOYMENT, BASE) == ["a"], within=10)
 
-    # The last member goes: so do the pool's objects.
+    # b joins again: its own pods are gone (a foreground deletion) before the pool runs it.
+    cluster.hold_foreground = True
+    await api.patch(naming.STREAM_REPLICATION, NS, "b", {"spec": {"pool": POOL}})
+    assert await wait_for(lambda: (api.get(naming.DEPLOYMENT, NS, "b") or {}).get("metadata", {})
+                          .get("deletionTimestamp"), within=10)
+    await asyncio.sleep(1.0)
+    assert profiles(api) == ["a"]  # not while its own pods may still copy
+    await api.patch(naming.DEPLOYMENT, NS, "b", {"metadata": {"finalizers": []}})  # the pods are gone
+    assert await wait_for(lambda: profiles(api) == ["a", "b"], within=10), profiles(api)
+    assert await wait_for(lambda: api.get(naming.DEPLOYMENT, NS, "b") is None
+                          and api.get(naming.CONFIGMAP, NS, "b-config") is None, within=10)
+    cluster.hold_foreground = False
+
+    # The settings owner goes: the pool stays, b's; the last member goes: so do the pool's objects.
     await api.delete(naming.STREAM_REPLICATION, NS, "a")
+    assert await wait_for(lambda: owners(api, naming.DEPLOYMENT, BASE) == ["b"] and profiles(api) == ["b"], within=10)
+    assert await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, "a") is None, within=15)  # after the grace
+    await api.delete(naming.STREAM_REPLICATION, NS, "b")
     for kind, name in ((naming.DEPLOYMENT, BASE), (naming.CONFIGMAP, naming.configmap_name(BASE)),
                        (naming.SERVICE, naming.service_name(BASE))):
         assert await wait_for(lambda k=kind, n=name: api.get(k, NS, n) is None, within=15), name
-    assert await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, "a") is None, within=15)
-    assert api.get(naming.DEPLOYMENT, NS, "b") is not None
+    assert await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, "b") is None, within=15)
