@@ -13,6 +13,7 @@ from replication_operator.build.pool import Member, build_pool
 from replication_operator.model import naming
 from replication_operator.model import status as st
 from replication_operator.model.spec import parse_spec
+from replication_operator.settings import OperatorConfig
 
 from replicator.config import parse_config
 from tests.operator import helpers as h
@@ -148,3 +149,8 @@ def test_the_examples_pool_is_valid_and_loads_in_the_worker(tmp_path: Path) -> N
     assert list(mounts.values()) == ["region-nats"]
     config = parse_config(h.materialise(pool.config_text, tmp_path, {"region-nats": {"user.creds": b"x"}}, mounts))
     assert sorted(config.topics) == sorted(m.name for m in members)
+
+
+def test_the_grace_period_comes_from_the_environment() -> None:
+    assert OperatorConfig.from_env({}).pool_reload_grace == 75.0
+    assert OperatorConfig.from_env({"STREAM_REPLICATOR_POOL_RELOAD_GRACE": "5"}).pool_reload_grace == 5.0
