@@ -195,6 +195,11 @@ class KubeApi:
             log.warning("cannot read %s %s/%s: %s", kind.kind, namespace, name, error_text(err))
             return None
 
+    async def list(self, kind: naming.Kind, namespace: str) -> list[dict[str, Any]]:
+        """Every object of the kind in the namespace."""
+        found = dict(await self._call("GET", kind.path(namespace)))
+        return [dict(item) for item in found.get("items") or []]
+
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply with force: fields we own are put back, even after a hand edit.
 

@@ -53,6 +53,9 @@ class OperatorConfig:
     # No cluster-scoped API calls (kopf neither lists namespaces nor watches CRDs): RBAC by Roles only.
     roles_only: bool = False
     certificate_warning: float = 14 * 86400.0  # warn when a mounted certificate expires sooner
+    # Seconds from a replication's removal from its pool's ConfigMap until its pool's workers surely stopped
+    # copying it (the kubelet syncs a mounted ConfigMap within about a minute, the worker reads it in 2 s).
+    pool_reload_grace: float = 75.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -66,6 +69,7 @@ class OperatorConfig:
             resync_interval=float(env.get("STREAM_REPLICATOR_RESYNC_INTERVAL") or 300),
             nats_timeout=float(env.get("STREAM_REPLICATOR_NATS_TIMEOUT") or 5),
             certificate_warning=parse_duration(env.get("STREAM_REPLICATOR_CERTIFICATE_WARNING") or "14d"),
+            pool_reload_grace=float(env.get("STREAM_REPLICATOR_POOL_RELOAD_GRACE") or 75),
             **settings,  # type: ignore[arg-type]
         )
 

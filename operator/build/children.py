@@ -52,6 +52,8 @@ def _fleet_health(spec: ReplicationSpec, options: BuildOptions) -> dict[str, Any
 def build_children(spec: ReplicationSpec, options: BuildOptions | None = None) -> Children:
     """Raises SpecError when the spec cannot work (the worker's model refuses its config, say)."""
     options = options or BuildOptions()
+    if spec.pool:
+        return _pooled(spec, options)
     config = worker_config.build_worker_config(spec, options.tls_keys, options.resume_after)
     name = spec.resource_name
     objects = [
@@ -77,3 +79,17 @@ def build_children(spec: ReplicationSpec, options: BuildOptions | None = None) -
     else:
         absent.append((naming.SCHEDULED_SPARK_APPLICATION, naming.fleet_health_name(name)))
     return Children(config_text=config.text, config_hash=config.hash, objects=objects, absent=absent)
+
+
+def _pooled(spec: ReplicationSpec, options: BuildOptions) -> Children:
+    """A pool member's own children: only its fleet-health job. Its workers are the pool's
+    (build/pool.py), so a lone worker's objects, left from before it joined, must go."""
+    name = spec.resource_name
+    objects = [_fleet_health(spec, options)] if spec.fleet_health else []
+    absent = [(naming.DEPLOYMENT, naming.deployment_name(name)), (naming.CONFIGMAP, naming.configmap_name(name)),
+              (naming.SERVICE, naming.service_name(name)), (naming.PDB, naming.pdb_name(name)),
+              (naming.SERVICE_MONITOR, naming.service_monitor_name(name)),
+              (naming.NETWORK_POLICY, naming.network_policy_name(name))]
+    if not spec.fleet_health:
+        absent.append((naming.SCHEDULED_SPARK_APPLICATION, naming.fleet_health_name(name)))
+    return Children(config_text="", config_hash="", objects=objects, absent=absent)

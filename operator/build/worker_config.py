@@ -11,7 +11,7 @@ hash only changes when the spec does; that hash rolls the pods.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,6 +193,24 @@ def build_worker_config(spec: ReplicationSpec, tls_keys: Mapping[str, Collection
     if spec.heartbeats:
         document["name"] = spec.replicator_name  # every pod's heartbeat election key: SR_<name>_HB
         document["heartbeats"] = _heartbeats(spec, tls_keys or {})
+    return _checked(document)
+
+
+def build_pool_config(members: Sequence[tuple[ReplicationSpec, int | None]],
+                      tls_keys: Mapping[str, Collection[str]] | None = None,
+                      kept: Mapping[str, Mapping[str, Any]] | None = None) -> WorkerConfig:
+    """One pooled worker's config: a profile per member (its spec, its `resume_after`), named by its
+    resource as a lone worker's is, and the `kept` profiles as they run. Members share their pods,
+    so the TLS Secrets' keys hold for all."""
+    topics = {name: dict(topic) for name, topic in (kept or {}).items()}
+    topics.update({naming.profile(spec.resource_name): _topic(spec, tls_keys or {}, resume_after)
+                   for spec, resume_after in members})
+    document: dict[str, Any] = {"log_format": "json", "state_dir": naming.STATE_DIR, "topics": topics}
+    return _checked(document)
+
+
+def _checked(document: dict[str, Any]) -> WorkerConfig:
+    """The document as the worker's model reads it; SpecError naming each key it refuses."""
     try:
         model = Config.model_validate(document)
     except ValidationError as err:

@@ -70,6 +70,8 @@ def replicator_only(spec: ReplicationSpec) -> list[str]:
         found.append("spec.deadLetter (a stream source has no dead-letter subject)")
     if spec.heartbeats:
         found.append("spec.heartbeats (the replicator publishes them)")
+    if spec.pool:
+        found.append("spec.pool (a pool is the replicator's workers)")
     if spec.active_active:
         found.append("spec.activeActive (the replicator's loop guard skips the copies that would loop)")
     if subject_mapping(spec) is None:

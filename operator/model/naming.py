@@ -95,6 +95,26 @@ def fleet_health_name(name: str) -> str:
     return f"{name}-fleet-health"
 
 
+LABEL_POOL = f"{GROUP}/pool"  # on a pool's objects: the pool's name (its members name it in spec.pool)
+
+
+def pool_base(pool: str) -> str:
+    """What a pool's objects are named after, as a resource's are after its name: `<pool>-pool`."""
+    return f"{pool}-pool"
+
+
+def pods_named_after(name: str, deployment: Mapping[str, Any] | None) -> str:
+    """What a resource's pods are named and selected after: its own name, or its pool's (`<pool>-pool`)."""
+    pool = ((deployment or {}).get("metadata") or {}).get("labels", {}).get(LABEL_POOL)
+    return pool_base(pool) if pool else name
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `obj` has an owner reference (controller or not) to the resource with this uid."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid for ref in refs)
+
+
 def secret_volume_name(side: str, what: str) -> str:
     return f"{side}-{what}"
 

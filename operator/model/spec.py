@@ -35,6 +35,7 @@ from replication_operator.model.fleet_health import FleetHealth
 from replication_operator.model.native import NativeSettings
 from replication_operator.model.network import NetworkPolicySettings
 from replication_operator.model.pods import Monitoring, Resources, Toleration
+from replication_operator.model.pool import POOL_DESCRIPTION, POOL_NAME, POOL_NAME_MAX, POOL_RULES, pool_problems
 from replication_operator.model.template import WorkerTemplate
 
 TLS_CA = "ca.crt"
@@ -264,6 +265,7 @@ SPEC_RULES = [
              "!has(self.maxAge) && !has(self.deadLetter))",
      "message": "engine native cannot sample, advise, aggregate fleet health, skip old messages or dead-letter "
                 "(sampling, advisory, fleetHealth, maxAge, deadLetter): use engine auto or replicator"},
+    *POOL_RULES,
 ]
 
 
@@ -331,11 +333,19 @@ class StreamReplicationSpec(Model):
                                    schema_default={})
     network_policy: NetworkPolicySettings = field("An optional NetworkPolicy for the worker pods.",
                                                   default_factory=NetworkPolicySettings, schema_default={})
+    pool: str | None = field(POOL_DESCRIPTION, None, maxLength=POOL_NAME_MAX, pattern=POOL_NAME)
 
     @model_validator(mode="after")
     def _workers_need_scaled(self) -> StreamReplicationSpec:
         if self.mode == "ordered" and self.workers_per_pod != 1:
             raise ValueError("spec.workersPerPod > 1 needs mode: scaled")
+        return self
+
+    @model_validator(mode="after")
+    def _pool_rules(self) -> StreamReplicationSpec:
+        problems = pool_problems(self.pool, self.engine, self.heartbeats is not None, self.network_policy.enabled)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 

@@ -32,6 +32,8 @@ NAME_CONFLICT = "NameConflict"  # a child's name is taken by an object this reso
 CRD_MISSING = "CRDMissing"  # ServiceMonitor / ScheduledSparkApplication asked for, kind not served
 APPLY_FAILED = "ApplyFailed"  # the API refused a child
 ROLLOUT_STUCK = "RolloutStuck"  # the Deployment exceeded its progress deadline
+POOL_MISMATCH = "PoolMismatch"  # spec.pool names a pool whose pods this resource's settings do not match
+POOL_HANDOVER = "PoolHandover"  # joining or leaving a pool: the workers it left stop copying it first
 PODS_UNAVAILABLE = "PodsUnavailable"  # rolled out, but fewer pods ready than desired
 HEALTHY = "Healthy"
 BLOCKED = "Blocked"
@@ -171,7 +173,7 @@ def conditions_for(
 # Problems that stay until a person changes the spec, a Secret, the policy or the cluster: Stalled.
 # The writer adds the policy's and the engine's (layers above this one).
 PERMANENT = frozenset({SECRET_MISSING, SECRET_KEY_MISSING, CONNECTION_MISSING, INVALID_SPEC, NAME_CONFLICT,
-                       CRD_MISSING, ROLLOUT_STUCK})
+                       CRD_MISSING, ROLLOUT_STUCK, POOL_MISMATCH})
 
 
 def kstatus_conditions(main: Sequence[Mapping[str, Any]], permanent: frozenset[str],

@@ -12,8 +12,10 @@ the engine switch where both need it: `Events`, the `StatusWriter`, the `Applier
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,10 +36,13 @@ from replication_operator.reconcile.apply import Applier
 from replication_operator.reconcile.engine_switch import EngineSwitch
 from replication_operator.reconcile.events import Events
 from replication_operator.reconcile.memory import Memory, asked
+from replication_operator.reconcile.pool import Pools
 from replication_operator.reconcile.status_writer import StatusWriter
 from replication_operator.settings import OperatorConfig
 
 from replicator.observe.monitor import MonitorServer
+
+log = logging.getLogger("replication_operator")
 
 # Problems that keep the operator from reading NATS for a resource (its Secrets are not usable).
 NO_NATS_READS = frozenset({st.SECRET_MISSING, st.SECRET_KEY_MISSING, st.CONNECTION_MISSING, *policy.REASONS})
@@ -67,6 +72,9 @@ class Reconciler:
         self.secrets = Secrets(self.api, self.policy)
         self.applier = Applier(self.api, self.events)
         self.status = StatusWriter(self.api, self.metrics, self.events, self.clock, self.config.certificate_warning)
+        self.pools = Pools(self.api, self.applier, self.events, self.config.worker_image, self._policy_refusal,
+                           self._nudge, self.config.pool_reload_grace)
+        self._nudged: set[asyncio.Task[None]] = set()
         self.switch = EngineSwitch(self.api, self.secrets, self.events, self.status, self.clock,
                                    self.config.nats_timeout)
 
@@ -82,6 +90,26 @@ class Reconciler:
         if memory is not None:
             self.status.forget(memory)
         self.applier.forget(uid)
+        self.pools.forget(uid)
+
+    def _nudge(self, namespace: str, name: str) -> None:
+        """Another pass of a pool member, soon (not under the lock of the pass that asks for it)."""
+        task = asyncio.create_task(self._pass_again(namespace, name))
+        self._nudged.add(task)
+        task.add_done_callback(self._nudged.discard)
+
+    async def _pass_again(self, namespace: str, name: str) -> None:
+        try:
+            owner = await self._owner(namespace, name)
+            if owner is not None:
+                await self.reconcile(owner, cause="pool")
+        except Exception:  # a boundary: a task nobody awaits; its timer's pass comes anyway
+            log.exception("another pass of pool member %s/%s failed", namespace, name)
+
+    def _policy_refusal(self, spec: ReplicationSpec) -> tuple[str, str] | None:
+        """The policy's first refusal of a pool member's spec (it is kept out of the pool)."""
+        found = policy.check(spec, self.policy)
+        return (found[0].reason, found[0].message) if found else None
 
     def _options(self, tls_keys: Mapping[str, frozenset[str]], resume_after: int | None = None) -> BuildOptions:
         return BuildOptions(
@@ -124,6 +152,7 @@ class Reconciler:
             problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 
         children: Children | None = None
+        pooled: tuple[Mapping[str, frozenset[str]], int | None] | None = None  # the pool's build inputs
         memory.engine.native_view = None
         if spec is not None:
             # The policy first: a refused resource builds and changes nothing, its children stay.
@@ -146,17 +175,27 @@ class Reconciler:
                     if not handover:
                         try:
                             children = build_children(spec, self._options(tls_keys, resume_after))
+                            pooled = (tls_keys, resume_after)
                         except SpecError as err:
                             problems.append(st.Problem(st.INVALID_SPEC, str(err)))
 
+        pool = None
+        if spec is not None and pooled is not None:  # a pool member's pods, or a pool it moved out of
+            pool = await self.pools.sync(body, spec, *pooled)
+            if pool is not None:
+                problems.extend(pool.problems)
+                retry = pool.retry
+                children = None if pool.waiting else children  # a handover: its new home waits
         if children is not None:
             applied = await self.applier.apply(body, children, cause)
             problems.extend(applied.problems)
-            deployment, retry = applied.deployment, applied.retry
+            deployment, retry = applied.deployment, retry or applied.retry
+            if pool is not None:
+                deployment = pool.deployment
             if memory.current_status(body).get("engine") != engine.REPLICATOR:
                 with contextlib.suppress(APIError):  # written with the rest of the status otherwise
                     await self.status.persist(body, memory, {"engine": engine.REPLICATOR})
-        if deployment is None and memory.engine.native_view is None:
+        if deployment is None and memory.engine.native_view is None and not (spec and spec.pool):
             live = await self.api.get_quietly(naming.DEPLOYMENT, namespace, naming.deployment_name(name))
             deployment = live if live and naming.controlled_by(live, uid) else None
 
@@ -187,6 +226,9 @@ class Reconciler:
     async def on_child_event(self, event_type: str, child: Mapping[str, Any]) -> None:
         """A child changed: restore it if deleted or edited; refresh status when it is the Deployment."""
         meta = child.get("metadata") or {}
+        if naming.LABEL_POOL in (meta.get("labels") or {}):
+            await self._on_pool_child(event_type, child)
+            return
         refs = [r for r in meta.get("ownerReferences") or []
                 if r.get("kind") == naming.KIND and r.get("controller")
                 and str(r.get("apiVersion", "")).startswith(naming.GROUP + "/")]
@@ -212,6 +254,24 @@ class Reconciler:
             await self.reconcile(owner, cause="drift")
         else:
             memory = self._memory(owner_uid)
+            async with memory.lock:
+                await self.status.write(owner, memory, child, asked(owner).replicas)
+
+    async def _on_pool_child(self, event_type: str, child: Mapping[str, Any]) -> None:
+        """A pool's object changed: one member's pass repairs drift; the Deployment's progress is every
+        member's status."""
+        meta = child.get("metadata") or {}
+        drifted = self.applier.drifted(event_type, child)
+        if not drifted and (child.get("kind") != "Deployment" or event_type == "DELETED"):
+            return
+        for ref in [r for r in meta.get("ownerReferences") or [] if r.get("kind") == naming.KIND]:
+            memory = self.memory.get(str(ref.get("uid")))
+            owner = await self._owner(meta["namespace"], ref["name"]) if memory is not None else None
+            if memory is None or owner is None or owner["metadata"]["uid"] != ref.get("uid") or naming.paused(owner):
+                continue
+            if drifted:
+                await self.reconcile(owner, cause="drift")
+                return
             async with memory.lock:
                 await self.status.write(owner, memory, child, asked(owner).replicas)
 
@@ -300,8 +360,12 @@ class Reconciler:
                 self.events.post(body, "Normal", "SourceRemoved", done)
             return
         meta = body["metadata"]
+        if spec.pool:  # its pods are the pool's: they stop copying it once they reload the ConfigMap without it
+            waiting = await self.pools.leave(body, spec)
+            if waiting:
+                raise WorkersRunning(waiting)
         name = naming.deployment_name(meta["name"])
-        deployment = await self.api.get_quietly(naming.DEPLOYMENT, meta["namespace"], name)
+        deployment = None if spec.pool else await self.api.get_quietly(naming.DEPLOYMENT, meta["namespace"], name)
         if deployment is not None:
             if not (deployment.get("metadata") or {}).get("deletionTimestamp"):
                 await self.api.delete(naming.DEPLOYMENT, meta["namespace"], name,

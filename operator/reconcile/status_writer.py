@@ -52,7 +52,7 @@ class StatusWriter:
             certificates = st.certificate_condition(memory.certificates, now, self.certificate_window,
                                                     memory.observed_generation)
         new = st.build_status(
-            name=meta["name"],
+            name=naming.pods_named_after(meta["name"], deployment),
             generation=memory.observed_generation,
             problems=memory.problems,
             deployment=deployment,

@@ -13,7 +13,7 @@ from tests.operator.helpers import Api
 from tests.support.kube_emulator import ClusterEmulator, embedded_operator
 
 # Short intervals so that timer-driven behaviour (Secret re-checks, lag) shows within a test.
-FAST = OperatorConfig(status_interval=0.3, resync_interval=30.0, nats_timeout=2.0)
+FAST = OperatorConfig(status_interval=0.3, resync_interval=30.0, nats_timeout=2.0, pool_reload_grace=2.0)
 
 
 @pytest.fixture

@@ -43,12 +43,13 @@ def schema() -> dict[str, Any]:
     return dict(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
-def example_resources() -> list[dict[str, Any]]:
-    """Every StreamReplication in examples/ (files may hold several documents)."""
+def example_resources(pooled: bool | None = None) -> list[dict[str, Any]]:
+    """Every StreamReplication in examples/ (files may hold several documents); `pooled`: only those
+    with (True) or without (False) `spec.pool` (a pool's objects are built by build/pool.py)."""
     found = []
     for path in EXAMPLES:
         for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc.get("kind") == naming.KIND:
+            if doc and doc.get("kind") == naming.KIND and pooled in (None, bool(doc["spec"].get("pool"))):
                 found.append(doc)
     return found
 

@@ -108,7 +108,7 @@ def _topic(children: Children) -> dict[str, Any]:
     return dict(topic)
 
 
-@pytest.mark.parametrize("resource", h.example_resources(), ids=lambda r: r["metadata"]["name"])
+@pytest.mark.parametrize("resource", h.example_resources(pooled=False), ids=lambda r: r["metadata"]["name"])
 def test_every_child_of_every_example_is_valid(resource: dict[str, Any]) -> None:
     resource = h.example(resource["metadata"]["name"])
     children = build_children(parse_spec(resource), BuildOptions(spark_image="stream-replicator:0.1.0-spark"))
@@ -120,7 +120,7 @@ def test_every_child_of_every_example_is_valid(resource: dict[str, Any]) -> None
         assert obj["metadata"]["labels"][naming.LABEL_MANAGED_BY] == naming.MANAGER
 
 
-@pytest.mark.parametrize("resource", h.example_resources(), ids=lambda r: r["metadata"]["name"])
+@pytest.mark.parametrize("resource", h.example_resources(pooled=False), ids=lambda r: r["metadata"]["name"])
 def test_every_configmap_loads_in_the_worker(resource: dict[str, Any], tmp_path: Path) -> None:
     """The worker's own parse_config accepts it, with the mounted files materialised in tmp_path."""
     resource = h.example(resource["metadata"]["name"])
