@@ -24,7 +24,7 @@ venv: $(STAMP)
 TEST_WORKERS ?= 3
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 2 --durations=25
 
 # The product installed from its chart and watched by a real Prometheus (tests/system/, docs/what-the-chart-watches.md):
 # the operator, its workers and Prometheus as processes, over the API emulator. `make test` skips them.

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from replication_operator.build import workload
 from replication_operator.build.pool import Member, Pool, build_pool
+from replication_operator.checks import connections
 from replication_operator.kube import APIError, KubeApi, error_text
 from replication_operator.model import naming
 from replication_operator.model import status as st
@@ -178,9 +179,10 @@ class Pools:
             if naming.paused(body):
                 paused.add(str(meta.get("name")))
             try:
-                found[uid] = (_order(body), Member(parse_spec(body), uid, _resume_after(body)))
-            except SpecError:
+                spec = await connections.resolve(self.api, parse_spec(body))
+            except (SpecError, connections.ConnectionUnusable):
                 continue  # its own pass says why; it is not in the pool meanwhile
+            found[uid] = (_order(body), Member(spec, uid, _resume_after(body)))
         if this is not None:
             found[this[1].uid] = this
         return [member for _, member in sorted(found.values(), key=lambda entry: entry[0])]

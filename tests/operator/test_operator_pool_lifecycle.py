@@ -108,3 +108,34 @@ async def test_a_pools_objects_follow_its_members(api: Api, cluster: ClusterEmul
                        (naming.SERVICE, naming.service_name(BASE))):
         assert await wait_for(lambda k=kind, n=name: api.get(k, NS, n) is None, within=15), name
     assert await wait_for(lambda: api.get(naming.STREAM_REPLICATION, NS, "b") is None, within=15)
+
+
+async def test_members_naming_a_shared_connection_share_a_pool_and_follow_its_edits(
+        api: Api, operator: Reconciler, source_server: LocalNatsServer, target_server: LocalNatsServer) -> None:
+    """Every member's profile in the pool's ConfigMap is built from the NatsConnection its source names,
+    whichever member's pass rebuilds it; an edit of the connection reaches every member's profile."""
+    await api.create({"apiVersion": naming.API_VERSION, "kind": naming.CONNECTION_KIND,
+                      "metadata": {"name": "city-nats", "namespace": NS}, "spec": {"url": source_server.url}})
+    for name in ("a", "b"):
+        body = member(name, source_server.url, target_server.url)
+        body["spec"]["source"] = {"connectionRef": {"name": "city-nats"}, "stream": name.upper()}
+        await api.create(body)
+
+    def source_urls() -> dict[str, Any]:
+        configmap = api.get(naming.CONFIGMAP, NS, naming.configmap_name(BASE)) or {"data": {naming.CONFIG_KEY: "{}"}}
+        topics = yaml.safe_load(configmap["data"][naming.CONFIG_KEY]).get("topics") or {}
+        return {name: topic.get("source_url") for name, topic in topics.items()}
+
+    assert await wait_for(lambda: source_urls() == {"a": source_server.url, "b": source_server.url}, within=10), \
+        source_urls()
+    # No worker runs here: any server stands for "another address" the edit points the members at.
+    await api.patch(naming.NATS_CONNECTION, NS, "city-nats", {"spec": {"url": target_server.url}})
+    assert await wait_for(lambda: source_urls() == {"a": target_server.url, "b": target_server.url}, within=10), \
+        source_urls()
+    for name in ("a", "b"):  # neither is refused by the other's pass (an unresolved spec would be InvalidSpec)
+        assert await wait_for(lambda n=name: condition(api, n, "Degraded").get("reason") not in (None, "InvalidSpec"),
+                              within=10), condition(api, name, "Degraded")
+    settled = [api.get(naming.STREAM_REPLICATION, NS, name)["metadata"]["resourceVersion"] for name in ("a", "b")]
+    await asyncio.sleep(3)  # and no pass keeps nudging the other
+    assert [api.get(naming.STREAM_REPLICATION, NS, name)["metadata"]["resourceVersion"] for name in ("a", "b")] == \
+        settled
