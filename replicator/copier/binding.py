@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from replicator.copier import durable
 from replicator.copier.admission import Run, take_run
@@ -37,17 +38,19 @@ log = logging.getLogger("replicator.copier.ordered")
 BIND_ERRORS: tuple[type[BaseException], ...] = (*NATS_ERRORS, StreamSetupError, durable.StaleDurable)
 
 
+@dataclass(eq=False)
 class Binding:
     """The durable consumer an ordered copier pulls from, and the state of its deliveries."""
 
-    def __init__(self, ep: Endpoints, pipeline: Pipeline, transform: MessageTransform, guard: LoopGuard,
-                 stopper: Stopper, backoff: Backoff) -> None:
-        self.ep = ep
-        self.pipeline = pipeline  # configured, rebased and, for a new stream, emptied by a bind
-        self.transform = transform
-        self.guard = guard
-        self.stopper = stopper
-        self.backoff = backoff
+    ep: Endpoints
+    pipeline: Pipeline  # configured, rebased and, for a new stream, emptied by a bind
+    transform: MessageTransform  # given the source stream's writer identity by a bind
+    guard: LoopGuard
+    stopper: Stopper
+    backoff: Backoff
+
+    def __post_init__(self) -> None:
+        ep = self.ep
         self.puller: Puller | None = None
         self.position: TargetPosition | None = None
         self.bound_at_ns = 0  # wall clock of the last bind: copies sent since landed after it

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from replicator.copier.admission import copy_entry
@@ -35,21 +36,23 @@ SIZE_GUESS = 16 * 1024  # payload bytes assumed until messages arrive: a first r
 Failed = tuple[Entry, PublishError]  # the entry a failure names, and the failure
 
 
+@dataclass(eq=False)
 class Pipeline:
     """The window of one ordered copier and its way to the target: a publisher per message, the
     batch writer for a backlog. `failures`, `stuck` and `backoff` are shared with the recovery:
     a landed copy ends a blocked target, an unknown failure and a backoff alike."""
 
-    def __init__(self, ep: Endpoints, wake: asyncio.Event, transform: MessageTransform, failures: FailureLog,
-                 stuck: StuckWatch, backoff: Backoff) -> None:
-        self.ep = ep
-        self.wake = wake
-        self.transform = transform
-        self.failures = failures
-        self.stuck = stuck
-        self.backoff = backoff
-        self.publisher = Publisher(ep.target_nc, wake=wake)
-        self.writer = BatchWriter(ep.target_nc, wake, ep.worker)
+    ep: Endpoints
+    wake: asyncio.Event  # set by the PubAcks and the batches' frames
+    transform: MessageTransform
+    failures: FailureLog
+    stuck: StuckWatch
+    backoff: Backoff
+
+    def __post_init__(self) -> None:
+        ep = self.ep
+        self.publisher = Publisher(ep.target_nc, wake=self.wake)
+        self.writer = BatchWriter(ep.target_nc, self.wake, ep.worker)
         self.configured_in_flight = ep.profile.settings.max_in_flight
         self.window: deque[Entry] = deque()
         self.unsent: deque[Entry] = deque()  # the window's tail not yet published, in order

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 
 from replicator.copier import durable
 from replicator.copier.binding import Binding
@@ -38,19 +39,18 @@ log = logging.getLogger("replicator.copier.ordered")
 STOP_TIMEOUT = PUBLISH_TIMEOUT * 2  # a clean stop waits this long at most for what is in flight
 
 
+@dataclass(eq=False)
 class Recovery:
     """Settles an ordered copier's failed publishes and finishes its window at a clean stop."""
 
-    def __init__(self, ep: Endpoints, pipeline: Pipeline, binding: Binding, transform: MessageTransform,
-                 failures: FailureLog, stuck: StuckWatch, stopper: Stopper, backoff: Backoff) -> None:
-        self.ep = ep
-        self.pipeline = pipeline
-        self.binding = binding  # where the target is searched: its position, and since when
-        self.transform = transform
-        self.failures = failures
-        self.stuck = stuck
-        self.stopper = stopper
-        self.backoff = backoff
+    ep: Endpoints
+    pipeline: Pipeline
+    binding: Binding  # where the target is searched: its position, and since when
+    transform: MessageTransform
+    failures: FailureLog
+    stuck: StuckWatch
+    stopper: Stopper
+    backoff: Backoff
 
     async def drain(self) -> None:
         """Retire what completed (`Pipeline.drain`) and recover from the failure that stopped it."""
