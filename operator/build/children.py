@@ -36,10 +36,6 @@ class Children:
     objects: list[dict[str, Any]]
     absent: list[tuple[naming.Kind, str]] = field(default_factory=list)
 
-    def by_kind(self, kind: naming.Kind) -> dict[str, Any] | None:
-        return next((o for o in self.objects if (o["apiVersion"], o["kind"]) == (kind.api_version, kind.kind)),
-                    None)
-
 
 def _fleet_health(spec: ReplicationSpec, options: BuildOptions) -> dict[str, Any]:
     """The ScheduledSparkApplication, labelled like every other child (the pods keep the builder's own)."""

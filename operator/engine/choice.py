@@ -15,7 +15,6 @@ from typing import Any
 from replication_operator.engine.entry import Route, subject_mapping
 from replication_operator.model.spec import ReplicationSpec
 
-AUTO = "auto"
 NATIVE = "native"
 REPLICATOR = "replicator"
 

@@ -22,6 +22,10 @@ OWNER_NOTE = "stream-replicator.owner"  # the replicator name: `report` lists du
 FRESH_ATTEMPTS = 5
 
 
+class StaleDurable(RuntimeError):
+    """The durable kept coming back with an old delivery state: placing it again later may succeed."""
+
+
 def at(seq: int) -> dict[str, object]:
     """The consumer settings that start delivery at source sequence `seq`."""
     return {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": seq}
@@ -54,7 +58,7 @@ async def place(ep: Endpoints, position: dict[str, object], max_in_flight: int, 
         # back one that still holds the old delivery state: delete it and create it again.
         with contextlib.suppress(NotFoundError):
             await ep.source_js.delete_consumer(ep.source_stream, ep.profile.durable_name)
-    raise RuntimeError(f"durable {ep.profile.durable_name} kept an old delivery state after "
+    raise StaleDurable(f"durable {ep.profile.durable_name} kept an old delivery state after "
                        f"{FRESH_ATTEMPTS} attempts to create it afresh")
 
 

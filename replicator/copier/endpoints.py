@@ -127,7 +127,9 @@ class Endpoints:
 
     @property
     def source_js(self) -> JetStreamContext:
-        return self.source_nc.jetstream()
+        """The source's JetStream API, through `api_prefix` (a JetStream domain, `$JS.<domain>.API`,
+        or an API imported from another account), as the puller and `source_identity` reach it."""
+        return self.source_nc.jetstream(prefix=self.api_prefix)
 
     @property
     def target_js(self) -> JetStreamContext:

@@ -65,8 +65,7 @@ class LagWatch:
         self.read_at = now
         ep = self.ep
         try:
-            info = await ep.source_nc.jetstream(prefix=ep.api_prefix).consumer_info(
-                ep.source_stream, self.consumer, timeout=READ_TIMEOUT)
+            info = await ep.source_js.consumer_info(ep.source_stream, self.consumer, timeout=READ_TIMEOUT)
         except NATS_ERRORS as err:  # the source unreachable too, or the consumer gone: the gauge keeps its value
             log.debug("%s cannot read consumer %s for its lag: %s", ep.worker, self.consumer, err)
             return

@@ -30,6 +30,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from replicator.copier.provenance import CHORIA_SOURCE, PROVENANCE, Writer, parse_choria_source, parse_provenance
+from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.streams import ack_floor
 from replicator.transport.wire import ACK_PENDING, ACK_STREAM_SEQ, ACK_TIMESTAMP, ack_tokens
 
@@ -141,10 +142,10 @@ class TargetPosition:
                         done = True
                 if done or not msgs:
                     break
-        finally:
-            with contextlib.suppress(Exception):
+        finally:  # the consumer goes by itself when inactive: cleaning up is a courtesy
+            with contextlib.suppress(*NATS_ERRORS):
                 await psub.unsubscribe()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*NATS_ERRORS):
                 await js.delete_consumer(self.stream, psub._consumer)
         return found, found_at, oldest
 
@@ -176,7 +177,7 @@ async def resume_point(position: TargetPosition, source_js: JetStreamContext, so
     pending = bool(info.num_ack_pending)
     not_before = 0
     if pending:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*NATS_ERRORS):  # then the target is searched without a time bound
             first = await source_js.get_msg(source_stream, seq=floor + 1, subject=topic, next=True)
             if first.time is not None:
                 not_before = int(first.time.timestamp() * 1e9) - MAX_CLOCK_SKEW_NS

@@ -68,8 +68,6 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "heartbeat_paused": ("gauge", "Paused under leader election", ("replicator", "hostname")),
 }
 
-GO_METRIC_NAMES = sorted(NAMESPACE + name for name in FAMILIES)
-
 # Our sample -> the Go family it feeds, for the families read from our registry.
 _STREAM_MIRROR = {
     "stream_replicator_received_msgs_total": "replicator_total_messages",

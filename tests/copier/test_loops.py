@@ -29,7 +29,6 @@ from tests.copier.helpers import (
     write_config,
 )
 from tests.support.faults import read_stream, stream_count, wait_count
-from tests.support.leafnodes import leaf_and_hub
 
 
 def test_subject_patterns_meet() -> None:
@@ -38,14 +37,6 @@ def test_subject_patterns_meet() -> None:
     assert not subjects_meet("region.fleet.>", "fleet.>") and not subjects_meet("fleet.>", "fleet")
     assert not subjects_meet("a.*", "a.b.c") and not subjects_meet("a.b", "a.c")
     assert overlap("fleet.>", ["fleet.a", "other.>", "*.b"]) == ["fleet.a", "*.b"]
-
-
-@pytest.fixture
-def region_and_city(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalNatsServer, LocalNatsServer]]:
-    """(region, city): the city is a leafnode of its region, the same account, each its own JetStream domain."""
-    stores = tmp_path_factory.mktemp("city"), tmp_path_factory.mktemp("region")
-    with leaf_and_hub(*stores, leaf="city", hub="region") as (city, region):
-        yield region, city
 
 
 @pytest.fixture

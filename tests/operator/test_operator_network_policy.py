@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replication_operator.build.children import build_children
+from replication_operator.build.children import Children, build_children
 from replication_operator.model import naming
 from replication_operator.model.spec import parse_spec
 from replication_operator.reconcile.reconciler import Reconciler
@@ -23,8 +23,13 @@ def _spec(source: str, target: str, **policy: Any) -> dict[str, Any]:
     return resource
 
 
+def _child(children: Children, kind: naming.Kind) -> dict[str, Any] | None:
+    """The desired child of `kind`, if any."""
+    return next((o for o in children.objects if (o["apiVersion"], o["kind"]) == (kind.api_version, kind.kind)), None)
+
+
 def _policy(resource: dict[str, Any]) -> dict[str, Any]:
-    policy = build_children(parse_spec(resource)).by_kind(naming.NETWORK_POLICY)
+    policy = _child(build_children(parse_spec(resource)), naming.NETWORK_POLICY)
     assert policy is not None
     h.validate_k8s(policy)
     return policy
@@ -41,7 +46,7 @@ def test_egress_to_the_nats_ports_and_dns_ingress_to_metrics_only() -> None:
     assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "stream-replicator",
                                                   "app.kubernetes.io/instance": "cmdb-city1",
                                                   "app.kubernetes.io/component": "worker"}
-    deployment = build_children(parse_spec(resource)).by_kind(naming.DEPLOYMENT)
+    deployment = _child(build_children(parse_spec(resource)), naming.DEPLOYMENT)
     assert deployment is not None
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
@@ -66,7 +71,7 @@ def test_a_host_name_on_a_port_opens_it_to_any_address() -> None:
 
 def test_off_by_default() -> None:
     children = build_children(parse_spec(h.example("cmdb-city1")))
-    assert children.by_kind(naming.NETWORK_POLICY) is None
+    assert _child(children, naming.NETWORK_POLICY) is None
     assert (naming.NETWORK_POLICY, "cmdb-city1-workers") in children.absent
 
 

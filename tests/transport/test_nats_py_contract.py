@@ -36,7 +36,7 @@ PINNED = "2.16"  # the minor release of nats-py whose internals are declared bel
 CONTRACT: dict[type, dict[str, str]] = {
     nats.aio.client.Client: {
         "_ps": "transport/wire.py: RawParser is put in place of the connection's parser",
-        "_max_payload": "transport/wire.py, transport/jetstream.py, copier/ordered.py: frames checked before sending",
+        "_max_payload": "transport/wire.py, transport/jetstream.py, copier/pipeline.py: frames checked before sending",
         "_max_pending_size": "transport/wire.py: send_frames buffers during a reconnect as publish does",
         "_pending_data_size": "transport/wire.py: send_frames",
         "_send_command": "transport/wire.py: send_frames writes joined PUB/HPUB frames",
