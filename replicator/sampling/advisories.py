@@ -25,6 +25,7 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.aio.client import Client
 
 from replicator.config.model import Profile
@@ -120,6 +121,15 @@ def advisory_subject(template: str, event: str, value: str) -> str:
     if "%" not in template:
         return template
     return template.replace("%s", event).replace("%v", value.translate(_SUBJECT_UNSAFE) or "_")
+
+
+def encode_advisory(advisory: dict[str, Any]) -> bytes:
+    """Compact JSON: orjson's (a fleet's cold start owes one per sender); the standard library's,
+    escaping, for a value orjson refuses (a lone surrogate from a header read leniently)."""
+    try:
+        return orjson.dumps(advisory)
+    except orjson.JSONEncodeError:
+        return json.dumps(advisory, separators=(",", ":")).encode()
 
 
 def default_retry_delay(attempt: int) -> float:
@@ -356,7 +366,7 @@ class Advisor:
         captures the subject, else core, retried.
         """
         subject = advisory_subject(self.subject, advisory["event"], advisory["value"])
-        data = json.dumps(advisory, separators=(",", ":")).encode()
+        data = encode_advisory(advisory)
         headers = {"Nats-Msg-Id": advisory["event_id"]}
         error: BaseException | None = None
         retries = 0 if self.reliable is False else self.retries

@@ -28,7 +28,6 @@ from replicator.sampling.state.kv_cache import DIRTY, LOCAL_NEWER, KVCache
 from replicator.sampling.state.protocol import Decide, Observation
 from replicator.sampling.state.records import PERSISTED, Sender, decode_sender, encode_key, encode_sender
 from replicator.transport.grouped import GroupedPublisher
-from replicator.transport.header_block import encode as encode_headers
 from replicator.transport.jetstream import PublishError
 from replicator.transport.kv import EXPECT_LAST, UNREACHABLE, WRONG_LAST_SEQUENCE, unreachable
 
@@ -38,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KV_OP_TIMEOUT = 2.0
+CAS_BLOCK = f"NATS/1.0\r\n{EXPECT_LAST}: %d\r\n\r\n".encode()
+"""The compare-and-set header block (`header_block.encode`'s), its revision filled in with `%`."""
 AHEAD_MAX = 4096  # claims started ahead of their message's turn (`claim_ahead`), done or not
 
 
@@ -153,9 +154,8 @@ class KVStore(KVCache):
         if self._writes is None:
             return await self._publish(key, encode_sender(sender), {EXPECT_LAST: str(last)})
         self._check_connected()
-        cas = encode_headers({EXPECT_LAST: str(last)})
         try:
-            pub_ack = await self._writes.publish(self.prefix + encode_key(key), cas, encode_sender(sender))
+            pub_ack = await self._writes.publish(self.prefix + encode_key(key), CAS_BLOCK % last, encode_sender(sender))
         except PublishError as err:
             if err.code in WRONG_LAST_SEQUENCE:
                 raise _WrongRevision from err
@@ -388,12 +388,9 @@ class KVStore(KVCache):
         return self.table.get(key)
 
     async def annotate(self, key: str, *, adv: float | None = None, flags: int | None = None) -> bool:
-        def change(s: Sender) -> Sender:
-            return replace(
-                s,
-                adv=s.adv if adv is None else adv,
-                flags=s.flags if flags is None else (s.flags & ~PERSISTED) | (flags & PERSISTED),
-            )
+        def change(s: Sender) -> Sender:  # not `dataclasses.replace`: a mark per new sender, it costs
+            return Sender(s.first, s.seen, s.copied, s.size, s.adv if adv is None else adv,
+                          s.flags if flags is None else (s.flags & ~PERSISTED) | (flags & PERSISTED), s.src)
 
         if self.degraded:
             return False

@@ -20,10 +20,11 @@ from replicator.config.model import TopicConfig
 from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.state.kv_bucket import DELETE_OPS
 from replicator.sampling.state.memory import MemoryStore
-from replicator.sampling.state.records import Sender, decode_key, decode_sender
+from replicator.sampling.state.records import ANNOUNCED, Sender, decode_key, decode_sender
 from replicator.sampling.state.table import SenderTable
 from replicator.transport.jetstream import nothing_sent
 from replicator.transport.kv import UNREACHABLE
+from replicator.transport.wire import ACK_PENDING, ACK_STREAM_SEQ, ack_tokens
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -104,19 +105,24 @@ class KVCache(MemoryStore):
                 await sub.unsubscribe()
 
     async def _on_watch(self, msg: Msg) -> None:
+        """Every write of every process, ours included, as the bucket stored it. Its stream sequence
+        and what is left to deliver are read from the ack subject as it is: nats-py's
+        `msg.metadata` parsed and built more for each entry than the rest of taking it."""
         try:
-            meta = msg.metadata
-            seq = meta.sequence.stream
-            self._last_seq = max(self._last_seq, seq)
+            tokens = ack_tokens(msg.reply)
+            seq = int(tokens[ACK_STREAM_SEQ])
+            if seq > self._last_seq:
+                self._last_seq = seq
             key = decode_key(msg.subject[len(self.prefix) :])
-            headers = msg.headers or {}
-            if headers.get("KV-Operation") in DELETE_OPS or "Nats-Marker-Reason" in headers:
-                i = self.table.slot(key)
-                if i is not None and seq > self.rev[i]:
-                    self._drop(key)
-            elif (i := self.table.slot(key)) is None or seq > self.rev[i]:  # not our own write coming back
-                self._apply_remote(key, decode_sender(msg.data), seq)
-            if meta.num_pending == 0:
+            i = self.table.index.get(key)
+            if i is None or seq > self.rev[i]:  # not our own write coming back
+                headers = msg.headers
+                if headers and (headers.get("KV-Operation") in DELETE_OPS or "Nats-Marker-Reason" in headers):
+                    if i is not None:
+                        self._drop(key)
+                else:
+                    self._apply_remote(key, decode_sender(msg.data), seq)
+            if tokens[ACK_PENDING] == "0":
                 self._loaded.set()
         except (ValueError, KeyError, TypeError) as err:
             log.warning("ignoring a KV state entry on %s: %s", msg.subject, err)
@@ -124,12 +130,12 @@ class KVCache(MemoryStore):
     def _apply_remote(self, key: str, rec: Sender, rev: int) -> None:
         """Take a KV revision into the cache, keeping what only this process knows yet."""
         t = self.table
-        i = t.slot(key)
+        i = t.index.get(key)
         if i is None:
             i = t.put(key, rec)
             self.rev[i] = rev
             self.kv_seen[i] = rec.seen
-            if self._loaded.is_set() and self._worth_a_look(rec):
+            if self.listeners and self._loaded.is_set() and self._worth_a_look(rec):
                 self._notify(key)
             return
         if rev <= self.rev[i]:
@@ -147,8 +153,9 @@ class KVCache(MemoryStore):
             t.copied[i] = local_copied
             t.size[i] = local_size
             t.src[i] = local_src
-        merged = t.sender_at(i)
-        if self._loaded.is_set() and self._worth_a_look(merged):
+        # `_worth_a_look` of the merged row, read from the columns rather than a Sender built for it.
+        if self.listeners and self._loaded.is_set() and (
+                not t.flags[i] & ANNOUNCED or (t.adv[i] > 0 and t.seen[i] > t.adv[i])):
             self._notify(key)
 
     def _drop(self, key: str) -> None:
