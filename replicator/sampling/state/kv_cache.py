@@ -5,29 +5,22 @@ unreachable). `KVStore` claims and writes through it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from array import array
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
-
-import nats.errors
-from nats.js import api
+from typing import TYPE_CHECKING
 
 from replicator.config.model import TopicConfig
 from replicator.observe.metrics import WorkerMetrics
-from replicator.sampling.state.kv_bucket import DELETE_OPS
+from replicator.sampling.state.kv_bucket import deleted
 from replicator.sampling.state.memory import MemoryStore
 from replicator.sampling.state.records import ANNOUNCED, Sender, decode_key, decode_sender
 from replicator.sampling.state.table import SenderTable
-from replicator.transport.jetstream import nothing_sent
-from replicator.transport.kv import UNREACHABLE
-from replicator.transport.wire import ACK_PENDING, ACK_STREAM_SEQ, ack_tokens
+from replicator.transport.ordered_watch import OrderedWatch
 
 if TYPE_CHECKING:
-    from nats.aio.msg import Msg
     from nats.js import JetStreamContext
 
 log = logging.getLogger(__name__)
@@ -60,7 +53,7 @@ class KVCache(MemoryStore):
         self.kv_seen: array[float] = self.table.column("kv_seen")
         # Seen refreshes only matter to the advisor (`KVStore._due_refreshes`).
         self.refresh_seen = settings.advisory is not None
-        self._sub: Any = None
+        self._sub: OrderedWatch | None = None
         self._last_seq = 0
         self._loaded = asyncio.Event()
         self._dirty: set[str] = set()  # decisions the KV has not seen
@@ -73,59 +66,38 @@ class KVCache(MemoryStore):
 
     # -- the watch: every process's writes reach every cache
     async def _watch(self, from_seq: int | None) -> None:
+        """Watch the bucket from the last entry of each key (None: loading it), or from `from_seq`."""
         await self._unwatch()
         if from_seq is None:
             self._loaded.clear()
-            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT)
-        else:
-            config = api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq
-            )
-        sub = await asyncio.wait_for(
-            self.js.subscribe(
-                self.prefix + ">",
-                stream=self.stream,
-                cb=self._on_watch,
-                ordered_consumer=True,
-                idle_heartbeat=2.0,
-                inactive_threshold=60.0,
-                config=config,
-            ),
-            self.op_timeout * 2,
-        )
-        self._sub = sub
-        info = await asyncio.wait_for(sub.consumer_info(), self.op_timeout)
-        if nothing_sent(info):
+        watch = OrderedWatch(self.js._nc, self.js, self.stream, self.prefix + ">", self._on_entry,
+                             timeout=self.op_timeout * 2)
+        self._sub = watch
+        if await watch.start(from_seq):
             self._loaded.set()
 
     async def _unwatch(self) -> None:
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(nats.errors.BadSubscriptionError, *UNREACHABLE):  # gone already
-                await sub.unsubscribe()
+        watch, self._sub = self._sub, None
+        if watch is not None:
+            await watch.stop()
 
-    async def _on_watch(self, msg: Msg) -> None:
-        """Every write of every process, ours included, as the bucket stored it. Its stream sequence
-        and what is left to deliver are read from the ack subject as it is: nats-py's
-        `msg.metadata` parsed and built more for each entry than the rest of taking it."""
+    def _on_entry(self, subject: str, hdr: bytes | None, data: bytes, seq: int, pending: int) -> None:
+        """Every write of every process, ours included, as the bucket stored it."""
         try:
-            tokens = ack_tokens(msg.reply)
-            seq = int(tokens[ACK_STREAM_SEQ])
             if seq > self._last_seq:
                 self._last_seq = seq
-            key = decode_key(msg.subject[len(self.prefix) :])
+            key = decode_key(subject[len(self.prefix) :])
             i = self.table.index.get(key)
             if i is None or seq > self.rev[i]:  # not our own write coming back
-                headers = msg.headers
-                if headers and (headers.get("KV-Operation") in DELETE_OPS or "Nats-Marker-Reason" in headers):
+                if hdr is not None and deleted(hdr):
                     if i is not None:
                         self._drop(key)
                 else:
-                    self._apply_remote(key, decode_sender(msg.data), seq)
-            if tokens[ACK_PENDING] == "0":
+                    self._apply_remote(key, decode_sender(data), seq)
+            if not pending:
                 self._loaded.set()
         except (ValueError, KeyError, TypeError) as err:
-            log.warning("ignoring a KV state entry on %s: %s", msg.subject, err)
+            log.warning("ignoring a KV state entry on %s: %s", subject, err)
 
     def _apply_remote(self, key: str, rec: Sender, rev: int) -> None:
         """Take a KV revision into the cache, keeping what only this process knows yet."""
