@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import msgspec
 import orjson
 
 from replicator.config.model import Profile, TopicConfig
@@ -84,22 +85,39 @@ def decode_key(key: str) -> str:
     return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode("utf-8", "surrogatepass")
 
 
+class _Record(msgspec.Struct):
+    """A sender as the KV and the state file's readers see it: times to the millisecond."""
+
+    first: float
+    seen: float
+    copied: float
+    size: int
+    adv: float
+    flags: int
+    src: int
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Sender)  # straight into a Sender: a cold start reads one per claim and mark
+
+
 def encode_sender(sender: Sender) -> bytes:
-    return orjson.dumps(
-        {
-            "first": round(sender.first, 3),
-            "seen": round(sender.seen, 3),
-            "copied": round(sender.copied, 3),
-            "size": sender.size,
-            "adv": round(sender.adv, 3),
-            "flags": sender.flags & PERSISTED,
-            "src": sender.src,
-        },
-    )
+    return _ENCODER.encode(_Record(round(sender.first, 3), round(sender.seen, 3), round(sender.copied, 3),
+                                   sender.size, round(sender.adv, 3), sender.flags & PERSISTED, sender.src))
 
 
 def decode_sender(data: bytes | None) -> Sender:
     """Raises ValueError (or KeyError/TypeError) for a value this version did not write."""
+    try:
+        sender = _DECODER.decode(data or b"")
+    except msgspec.ValidationError:  # a number written as text, a count as a float: read as before
+        return _decode_leniently(data)
+    if sender.flags & ~PERSISTED:
+        return replace(sender, flags=sender.flags & PERSISTED)
+    return sender
+
+
+def _decode_leniently(data: bytes | None) -> Sender:
     doc = orjson.loads(data or b"")
     return Sender(
         first=float(doc["first"]),
