@@ -14,12 +14,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.errors
 import orjson
+from msgspec.structs import replace
 
 from replicator.config.model import TopicConfig
 from replicator.observe.metrics import WorkerMetrics

@@ -9,8 +9,9 @@ import logging
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
+
+from msgspec.structs import replace
 
 from replicator.config.model import TopicConfig
 from replicator.observe.metrics import WorkerMetrics

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass, replace
 
 import msgspec
 import orjson
@@ -16,9 +15,9 @@ ANNOUNCED = 0x01
 PERSISTED = 0x0F
 
 
-@dataclass(frozen=True, slots=True)
-class Sender:
-    """One tracked sender. Times are unix seconds; `adv` is the last-seen time a `timeout`
+class Sender(msgspec.Struct, frozen=True):
+    """One tracked sender (a msgspec Struct: built ten times faster than a frozen dataclass, and
+    a cold start builds several per sender). Times are unix seconds; `adv` is the last-seen time a `timeout`
     advisory was sent for (0: not timed out), so it doubles as that episode's identity. `src` is
     the source stream sequence of the message that claimed the last copy (0: unknown): a claim
     is made before the copy lands, so when that same message is delivered again (its copy never
@@ -113,7 +112,7 @@ def decode_sender(data: bytes | None) -> Sender:
     except msgspec.ValidationError:  # a number written as text, a count as a float: read as before
         return _decode_leniently(data)
     if sender.flags & ~PERSISTED:
-        return replace(sender, flags=sender.flags & PERSISTED)
+        return msgspec.structs.replace(sender, flags=sender.flags & PERSISTED)
     return sender
 
 
