@@ -8,8 +8,8 @@ publishes a `new` advisory for each. The reference is the same two pods copying 
 unsampled. Printed: messages consumed per second (first acknowledgement to last), the sampled
 rate as a ratio to the unsampled one of the same round, how long after the last copy the last
 `new` advisory was published, and the CPU the two pods used per sender from the first
-acknowledgement to the end (the last copy, or the last advisory), which moves less with the
-machine's load than a rate does.
+acknowledgement to the end (the last copy, or the last advisory), and the two servers' over the
+same time: CPU moves less with the machine's load than a rate does.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Case:
     rate: float  # source messages consumed per second
     advisory_lag: float | None = None  # seconds from the last copy to the last `new` advisory
     cpu_us: float = 0.0  # the pods' CPU per sender, microseconds, from the first acknowledgement to the end
+    server_cpu_us: float = 0.0  # the two servers' CPU per sender over the same time
 
 
 async def preload_new_senders(nc: Client, senders: int) -> None:
@@ -100,7 +101,11 @@ async def one_case(source: LocalNatsServer, src: Client, senders: int, name: str
             def pods_cpu() -> float:
                 return sum(cpu_seconds(proc.pid) for proc in procs)
 
-            seconds = await time_progress(acked, senders, on_first=lambda: cpu_at_first.append(pods_cpu()))
+            def servers_cpu() -> float:
+                return sum(cpu_seconds(server.process.pid) for server in (source, target) if server.process)
+
+            seconds = await time_progress(acked, senders, on_first=lambda: cpu_at_first.extend(
+                (pods_cpu(), servers_cpu())))
             last_copy = time.monotonic()
             lag = None
             if sampled:
@@ -111,8 +116,9 @@ async def one_case(source: LocalNatsServer, src: Client, senders: int, name: str
                     await time_progress(all_advised, senders, timeout=120)
                 lag = advised[-1] - last_copy if len(advised) >= senders else None
             cpu_us = (pods_cpu() - cpu_at_first[0]) / senders * 1e6
+            server_cpu_us = (servers_cpu() - cpu_at_first[1]) / senders * 1e6
         await dst.close()
-        return Case(senders / seconds, lag, cpu_us)
+        return Case(senders / seconds, lag, cpu_us, server_cpu_us)
     finally:
         target.close()
 
@@ -132,8 +138,9 @@ async def run(senders: int, rounds: int) -> list[tuple[Case, Case]]:
                 print(f"round {r + 1}: unsampled {plain.rate:,.0f} msgs/s, sampled cold start {sampled.rate:,.0f} "
                       f"msgs/s ({sampled.rate / plain.rate:.2f}x), last `new` advisory "
                       f"{'never' if sampled.advisory_lag is None else f'{sampled.advisory_lag:.1f} s'} after the "
-                      f"last copy; pods' CPU a sender {plain.cpu_us:.0f} us unsampled, {sampled.cpu_us:.0f} us "
-                      f"sampled; load {os.getloadavg()[0]:.1f}", flush=True)
+                      f"last copy; CPU a sender, pods {plain.cpu_us:.0f} us unsampled, {sampled.cpu_us:.0f} us "
+                      f"sampled, servers {plain.server_cpu_us:.0f} and {sampled.server_cpu_us:.0f} us; "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
             await src.close()
             return pairs
         finally:
