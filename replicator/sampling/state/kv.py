@@ -118,17 +118,19 @@ class KVStore(KVCache):
         """Stop; write back decisions the KV has not seen (bounded: shutdown must not hang)."""
         await super().close()
         pending = self._dirty | self._urgent
-        if pending and not self.degraded:
-            try:
-                await asyncio.wait_for(self._flush(sorted(pending)), 5.0)
-            except UNREACHABLE as err:
-                log.warning("KV state: %d local decisions not written back on close: %s", len(pending), err)
-        await self._unwatch()
-        for ahead in self._ahead.values():
-            ahead.cancel()
-        self._ahead.clear()
-        if self._writes is not None:
-            await self._writes.stop()
+        try:
+            if pending and not self.degraded:
+                try:
+                    await asyncio.wait_for(self._flush(sorted(pending)), 5.0)
+                except UNREACHABLE as err:
+                    log.warning("KV state: %d local decisions not written back on close: %s", len(pending), err)
+        finally:  # a bug in the write-back is raised, once the watch and the writer are stopped
+            await self._unwatch()
+            for ahead in self._ahead.values():
+                ahead.cancel()
+            self._ahead.clear()
+            if self._writes is not None:
+                await self._writes.stop()
 
     # -- KV operations: bounded in time; `UNREACHABLE` means "unavailable", anything else is a bug
     def _check_connected(self) -> None:
