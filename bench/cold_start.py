@@ -6,8 +6,10 @@ workers each share one durable and, sampled, one KV bucket of limiter state, so 
 first sighting that one of them must claim in the bucket before copying it; the elected pod
 publishes a `new` advisory for each. The reference is the same two pods copying the same stream
 unsampled. Printed: messages consumed per second (first acknowledgement to last), the sampled
-rate as a ratio to the unsampled one of the same round, and how long after the last copy the last
-`new` advisory was published.
+rate as a ratio to the unsampled one of the same round, how long after the last copy the last
+`new` advisory was published, and the CPU the two pods used per sender from the first
+acknowledgement to the end (the last copy, or the last advisory), and the two servers' over the
+same time: CPU moves less with the machine's load than a rate does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,7 +33,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
-from bench.common import command_process, connect, table, time_progress
+from bench.common import command_process, connect, cpu_seconds, table, time_progress
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.service.compiled import describe
 
@@ -41,6 +44,8 @@ PODS, WORKERS = 2, 2
 class Case:
     rate: float  # source messages consumed per second
     advisory_lag: float | None = None  # seconds from the last copy to the last `new` advisory
+    cpu_us: float = 0.0  # the pods' CPU per sender, microseconds, from the first acknowledgement to the end
+    server_cpu_us: float = 0.0  # the two servers' CPU per sender over the same time
 
 
 async def preload_new_senders(nc: Client, senders: int) -> None:
@@ -90,8 +95,17 @@ async def one_case(source: LocalNatsServer, src: Client, senders: int, name: str
             info = await js.consumer_info("FLEET", name)
             return info.ack_floor.stream_seq if info.ack_floor else 0
 
-        with pods(work, name, topic):
-            seconds = await time_progress(acked, senders)
+        with pods(work, name, topic) as procs:
+            cpu_at_first: list[float] = []
+
+            def pods_cpu() -> float:
+                return sum(cpu_seconds(proc.pid) for proc in procs)
+
+            def servers_cpu() -> float:
+                return sum(cpu_seconds(server.process.pid) for server in (source, target) if server.process)
+
+            seconds = await time_progress(acked, senders, on_first=lambda: cpu_at_first.extend(
+                (pods_cpu(), servers_cpu())))
             last_copy = time.monotonic()
             lag = None
             if sampled:
@@ -101,8 +115,10 @@ async def one_case(source: LocalNatsServer, src: Client, senders: int, name: str
                 with contextlib.suppress(TimeoutError):
                     await time_progress(all_advised, senders, timeout=120)
                 lag = advised[-1] - last_copy if len(advised) >= senders else None
+            cpu_us = (pods_cpu() - cpu_at_first[0]) / senders * 1e6
+            server_cpu_us = (servers_cpu() - cpu_at_first[1]) / senders * 1e6
         await dst.close()
-        return Case(senders / seconds, lag)
+        return Case(senders / seconds, lag, cpu_us, server_cpu_us)
     finally:
         target.close()
 
@@ -122,7 +138,9 @@ async def run(senders: int, rounds: int) -> list[tuple[Case, Case]]:
                 print(f"round {r + 1}: unsampled {plain.rate:,.0f} msgs/s, sampled cold start {sampled.rate:,.0f} "
                       f"msgs/s ({sampled.rate / plain.rate:.2f}x), last `new` advisory "
                       f"{'never' if sampled.advisory_lag is None else f'{sampled.advisory_lag:.1f} s'} after the "
-                      "last copy", flush=True)
+                      f"last copy; CPU a sender, pods {plain.cpu_us:.0f} us unsampled, {sampled.cpu_us:.0f} us "
+                      f"sampled, servers {plain.server_cpu_us:.0f} and {sampled.server_cpu_us:.0f} us; "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
             await src.close()
             return pairs
         finally:
@@ -139,11 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     pairs = asyncio.run(run(args.senders, args.rounds))
     ratios = [s.rate / p.rate for p, s in pairs]
     lags = [s.advisory_lag for _p, s in pairs if s.advisory_lag is not None]
-    print(table(("case", "msgs/s (median)", "x unsampled (median)", "range", "last `new` advisory after last copy"), [
-        ("unsampled (reference)", f"{statistics.median(p.rate for p, _s in pairs):,.0f}", "1.00", "-", "-"),
+    print(table(("case", "msgs/s (median)", "x unsampled (median)", "range", "last `new` advisory after last copy",
+                 "pods' CPU a sender (median)"), [
+        ("unsampled (reference)", f"{statistics.median(p.rate for p, _s in pairs):,.0f}", "1.00", "-", "-",
+         f"{statistics.median(p.cpu_us for p, _s in pairs):.0f} us"),
         ("sampled, every sender new (KV claims)", f"{statistics.median(s.rate for _p, s in pairs):,.0f}",
          f"{statistics.median(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}",
-         f"{statistics.median(lags):.1f} s (max {max(lags):.1f})" if lags else "not all published"),
+         f"{statistics.median(lags):.1f} s (max {max(lags):.1f})" if lags else "not all published",
+         f"{statistics.median(s.cpu_us for _p, s in pairs):.0f} us"),
     ]))
     return 0
 

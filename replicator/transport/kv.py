@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import nats.errors
 import nats.js.errors
 from nats.js import api
+
+from replicator.transport.jetstream import PublishError
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -18,6 +21,37 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 NO_ROOM_FOR_REPLICAS = (10074, 10005, 10023)
 """Three replicas cannot be placed: not clustered (10074), too few peers (10005), no room (10023)."""
 STREAM_NAME_IN_USE = 10058
+MALFORMED_REQUEST = (10003, 10025)
+"""The server could not read the request (bad request, invalid JSON): built wrong here, a bug."""
+
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError,  # and its flush and drain timeouts
+    nats.errors.NoRespondersError,  # no server answers the bucket's subjects (JetStream off, stream lost)
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.StaleConnectionError,  # and an unexpected EOF
+    nats.errors.OutboundBufferLimitError,  # reconnecting, with the pending buffer full
+    nats.errors.NoServersError,
+    nats.js.errors.APIError,  # JetStream refused: unavailable, no room, the stream gone (but see `unreachable`)
+    nats.js.errors.NoStreamResponseError,
+    PublishError,  # a grouped publish refused or never sent (`transport/grouped.py`)
+    TimeoutError,  # asyncio's wait_for
+    OSError,  # the socket: refused, reset, TLS
+)
+"""What a KV operation raises when the server, the bucket or the way to them fails: the caller
+degrades and retries later. Catch these, then ask `unreachable`; anything else is a bug and must
+propagate, so that it is seen as one and not taken for an outage."""
+
+
+def unreachable(err: BaseException) -> bool:
+    """True when `err` (one of `UNREACHABLE`) says the KV cannot serve us now; False for a request
+    the server could not read, which only a bug here builds."""
+    if isinstance(err, nats.js.errors.APIError):
+        return err.err_code not in MALFORMED_REQUEST
+    if isinstance(err, PublishError):
+        return err.code not in MALFORMED_REQUEST
+    return isinstance(err, UNREACHABLE)
 
 
 async def find_or_create_bucket(js: JetStreamContext, bucket: str, *, ttl: float,

@@ -1,4 +1,10 @@
-"""`limiter_state: kv`: a JetStream KV bucket shared by every process of the topic."""
+"""`limiter_state: kv`: a JetStream KV bucket shared by every process of the topic.
+
+Its cache and the watch that feeds it are `kv_cache.py`; here, the store's KV operations, the
+claims of copies, and the write-backs. An operation that fails because the server, the bucket or
+the way to them is unavailable (`transport.kv.UNREACHABLE`) degrades the store: it decides from
+its cache and writes back when the KV answers again. Anything else is a bug and propagates.
+"""
 
 from __future__ import annotations
 
@@ -7,49 +13,40 @@ import contextlib
 import itertools
 import logging
 import time
-from array import array
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.errors
 import orjson
-from nats.js import api
+from msgspec.structs import replace
 
 from replicator.config.model import TopicConfig
 from replicator.observe.metrics import WorkerMetrics
 from replicator.sampling.state.kv_bucket import DELETE_OPS, ensure_bucket
-from replicator.sampling.state.memory import MemoryStore
+from replicator.sampling.state.kv_cache import DIRTY, LOCAL_NEWER, KVCache
 from replicator.sampling.state.protocol import Decide, Observation
-from replicator.sampling.state.records import PERSISTED, Sender, decode_key, decode_sender, encode_key, encode_sender
-from replicator.sampling.state.table import SenderTable
+from replicator.sampling.state.records import PERSISTED, Sender, decode_sender, encode_key, encode_sender
 from replicator.transport.grouped import GroupedPublisher
-from replicator.transport.header_block import encode as encode_headers
-from replicator.transport.jetstream import PublishError, nothing_sent
-from replicator.transport.kv import EXPECT_LAST, WRONG_LAST_SEQUENCE
+from replicator.transport.jetstream import PublishError
+from replicator.transport.kv import EXPECT_LAST, UNREACHABLE, WRONG_LAST_SEQUENCE, unreachable
 
 if TYPE_CHECKING:
-    from nats.aio.msg import Msg
     from nats.js import JetStreamContext
 
 log = logging.getLogger(__name__)
 
-
-_LOCAL_NEWER = 0x40  # kv cache only: this process saw the sender after the KV's last-seen time
-_DIRTY = 0x80  # kv cache only: a copy decided here while the KV was unreachable, not written yet
 KV_OP_TIMEOUT = 2.0
+CAS_BLOCK = f"NATS/1.0\r\n{EXPECT_LAST}: %d\r\n\r\n".encode()
+"""The compare-and-set header block (`header_block.encode`'s), its revision filled in with `%`."""
 AHEAD_MAX = 4096  # claims started ahead of their message's turn (`claim_ahead`), done or not
-
-
-# ---------------------------------------------------------------- KV store
 
 
 class _WrongRevision(Exception):
     """Someone else wrote the key since we read it: reload and decide again."""
 
 
-class KVStore(MemoryStore):
+class KVStore(KVCache):
     """A JetStream KV bucket shared by every process of the topic, behind a local cache."""
 
     kind = "kv"
@@ -67,43 +64,28 @@ class KVStore(MemoryStore):
         op_timeout: float = KV_OP_TIMEOUT,
         load_timeout: float = 30.0,
     ) -> None:
-        table = SenderTable(extra=(("rev", "Q"), ("kv_seen", "d")))
-        super().__init__(settings, metrics, clock=clock, table=table)
-        self.js = js
-        self.bucket = bucket
-        self.stream = f"KV_{bucket}"
-        self.prefix = f"$KV.{bucket}."
-        self.op_timeout = op_timeout
+        super().__init__(js, bucket, settings, metrics, clock=clock, op_timeout=op_timeout)
         self.load_timeout = load_timeout
-        self.rev: array[int] = self.table.column("rev")
-        self.kv_seen: array[float] = self.table.column("kv_seen")
         adv = settings.advisory_age
         horizon = min(adv, self.age) if adv else self.age
         # Seen refreshes only matter to the advisor: one is written just before the leader would
         # otherwise believe the sender silent for the advisory age, never once per message.
-        self.refresh_seen = settings.advisory is not None
         self.refresh_after = max(horizon - self.resolution, self.resolution)
         self.bucket_ttl = self.age * 2
         self.degraded = True
         self._connected_once = False
         self._direct = False
-        self._sub: Any = None
-        self._last_seq = 0
-        self._loaded = asyncio.Event()
         self._claims: dict[str, asyncio.Future[None]] = {}
         # Claims started ahead of their message's turn, by the message's source sequence: the
         # message's own `observe` takes the result instead of claiming again.
         self._ahead: dict[int, asyncio.Future[Observation]] = {}
         self._writes: GroupedPublisher | None = None
-        self._dirty: set[str] = set()
-        self._urgent: set[str] = set()
-        self._wake = asyncio.Event()
 
     # -- life cycle
     async def start(self) -> None:
         try:
             await self._connect()
-        except Exception as err:
+        except UNREACHABLE as err:
             self._fail(err, "KV state store unavailable at start")
         self._tasks.append(asyncio.create_task(self._maintain(), name="kv-store"))
         if not self.degraded:
@@ -136,126 +118,21 @@ class KVStore(MemoryStore):
         """Stop; write back decisions the KV has not seen (bounded: shutdown must not hang)."""
         await super().close()
         pending = self._dirty | self._urgent
-        if pending and not self.degraded:
-            try:
-                await asyncio.wait_for(self._flush(sorted(pending)), 5.0)
-            except Exception as err:
-                log.warning("KV state: %d local decisions not written back on close: %s", len(pending), err)
-        await self._unwatch()
-        for ahead in self._ahead.values():
-            ahead.cancel()
-        self._ahead.clear()
-        if self._writes is not None:
-            await self._writes.stop()
-
-    @property
-    def loaded(self) -> bool:
-        return self._loaded.is_set()
-
-    # -- the watch: every process's writes reach every cache
-    async def _watch(self, from_seq: int | None) -> None:
-        await self._unwatch()
-        if from_seq is None:
-            self._loaded.clear()
-            config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT)
-        else:
-            config = api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq
-            )
-        sub = await asyncio.wait_for(
-            self.js.subscribe(
-                self.prefix + ">",
-                stream=self.stream,
-                cb=self._on_watch,
-                ordered_consumer=True,
-                idle_heartbeat=2.0,
-                inactive_threshold=60.0,
-                config=config,
-            ),
-            self.op_timeout * 2,
-        )
-        self._sub = sub
-        info = await asyncio.wait_for(sub.consumer_info(), self.op_timeout)
-        if nothing_sent(info):
-            self._loaded.set()
-
-    async def _unwatch(self) -> None:
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-
-    async def _on_watch(self, msg: Msg) -> None:
         try:
-            meta = msg.metadata
-            seq = meta.sequence.stream
-            self._last_seq = max(self._last_seq, seq)
-            key = decode_key(msg.subject[len(self.prefix) :])
-            headers = msg.headers or {}
-            if headers.get("KV-Operation") in DELETE_OPS or "Nats-Marker-Reason" in headers:
-                i = self.table.slot(key)
-                if i is not None and seq > self.rev[i]:
-                    self._drop(key)
-            elif (i := self.table.slot(key)) is None or seq > self.rev[i]:  # not our own write coming back
-                self._apply_remote(key, decode_sender(msg.data), seq)
-            if meta.num_pending == 0:
-                self._loaded.set()
-        except (ValueError, KeyError, TypeError) as err:
-            log.warning("ignoring a KV state entry on %s: %s", msg.subject, err)
+            if pending and not self.degraded:
+                try:
+                    await asyncio.wait_for(self._flush(sorted(pending)), 5.0)
+                except UNREACHABLE as err:
+                    log.warning("KV state: %d local decisions not written back on close: %s", len(pending), err)
+        finally:  # a bug in the write-back is raised, once the watch and the writer are stopped
+            await self._unwatch()
+            for ahead in self._ahead.values():
+                ahead.cancel()
+            self._ahead.clear()
+            if self._writes is not None:
+                await self._writes.stop()
 
-    def _apply_remote(self, key: str, rec: Sender, rev: int) -> None:
-        """Take a KV revision into the cache, keeping what only this process knows yet."""
-        t = self.table
-        i = t.slot(key)
-        if i is None:
-            i = t.put(key, rec)
-            self.rev[i] = rev
-            self.kv_seen[i] = rec.seen
-            if self._loaded.is_set() and self._worth_a_look(rec):
-                self._notify(key)
-            return
-        if rev <= self.rev[i]:
-            return
-        local_seen, local_copied, local_size, local_src = t.seen[i], t.copied[i], t.size[i], t.src[i]
-        dirty = t.flags[i] & _DIRTY
-        t.set(i, rec, keep_flags=_LOCAL_NEWER | _DIRTY)
-        self.rev[i] = rev
-        self.kv_seen[i] = rec.seen
-        if local_seen > rec.seen:
-            t.seen[i] = local_seen
-        else:
-            t.flags[i] &= ~_LOCAL_NEWER
-        if dirty and local_copied > rec.copied:
-            t.copied[i] = local_copied
-            t.size[i] = local_size
-            t.src[i] = local_src
-        merged = t.sender_at(i)
-        if self._loaded.is_set() and self._worth_a_look(merged):
-            self._notify(key)
-
-    def _drop(self, key: str) -> None:
-        self.table.remove(key)
-        self._dirty.discard(key)
-        self._urgent.discard(key)
-
-    def _cached(self, key: str) -> tuple[Sender | None, int]:
-        i = self.table.slot(key)
-        if i is None:
-            return None, 0
-        return self.table.sender_at(i), self.rev[i]
-
-    def _tombstone(self, key: str, seq: int) -> tuple[Sender | None, int]:
-        """The KV holds no live entry: drop ours, unless it is a decision still to be written."""
-        i = self.table.slot(key)
-        if i is None:
-            return None, seq
-        if self.table.flags[i] & _DIRTY:
-            self.rev[i] = seq
-            return self.table.sender_at(i), seq
-        self._drop(key)
-        return None, seq
-
-    # -- KV operations: bounded in time; any failure but a wrong revision means "unavailable"
+    # -- KV operations: bounded in time; `UNREACHABLE` means "unavailable", anything else is a bug
     def _check_connected(self) -> None:
         nc = getattr(self.js, "_nc", None)
         if nc is not None and not nc.is_connected:
@@ -279,9 +156,8 @@ class KVStore(MemoryStore):
         if self._writes is None:
             return await self._publish(key, encode_sender(sender), {EXPECT_LAST: str(last)})
         self._check_connected()
-        cas = encode_headers({EXPECT_LAST: str(last)})
         try:
-            pub_ack = await self._writes.publish(self.prefix + encode_key(key), cas, encode_sender(sender))
+            pub_ack = await self._writes.publish(self.prefix + encode_key(key), CAS_BLOCK % last, encode_sender(sender))
         except PublishError as err:
             if err.code in WRONG_LAST_SEQUENCE:
                 raise _WrongRevision from err
@@ -306,6 +182,10 @@ class KVStore(MemoryStore):
         return self._cached(key)
 
     def _fail(self, err: BaseException, what: str = "KV state store unavailable") -> None:
+        """Degrade on an outage (counted, logged once): decide from the cache until the KV answers.
+        Anything else is a bug and is raised again, not taken for an outage."""
+        if not unreachable(err):
+            raise err
         self.metrics.limiter_state_errors.inc()
         if not self.degraded:
             log.warning(
@@ -320,27 +200,6 @@ class KVStore(MemoryStore):
         if key in self._claims:
             return None  # another worker here is claiming it: wait for its result in observe
         return super().live_slot(key, now)
-
-    def touch(self, key: str, i: int, now: float) -> None:
-        """A skipped message: only the cache changes (the KV hears of it later, if it must)."""
-        t = self.table
-        if now > t.seen[i]:
-            t.seen[i] = now
-            if self.refresh_seen and now > self.kv_seen[i]:
-                t.flags[i] |= _LOCAL_NEWER
-        if t.adv[i] > 0 and self.refresh_seen:
-            self._urgent.add(key)  # the leader owes a `recover`: tell it now
-            self._wake.set()
-            self._notify(key)
-
-    def _record_locally(self, key: str, current: Sender | None, now: float, size: int, src: int) -> None:
-        """A copy decided without the KV: remembered here, written back when it answers."""
-        if current is None:
-            i = self.insert(key, now, size, src)
-        else:
-            i = self.table.put(key, replace(current, seen=max(current.seen, now), copied=now, size=size, src=src))
-        self.table.flags[i] |= _DIRTY
-        self._dirty.add(key)
 
     def claim_ahead(self, key: str, now: float, size: int, decide: Decide, src: int) -> None:
         """Start deciding (and claiming) message `src` now, before its turn: a copy loop that meets
@@ -408,12 +267,12 @@ class KVStore(MemoryStore):
             except _WrongRevision:
                 try:
                     current, rev = await self._fetch(key)
-                except Exception as err:
+                except UNREACHABLE as err:
                     self._fail(err)
                     self._record_locally(key, None if fresh else current, now, size, src)
                     return Observation(True, fresh)
                 continue
-            except Exception as err:
+            except UNREACHABLE as err:
                 self._fail(err)
                 self._record_locally(key, None if fresh else current, now, size, src)
                 return Observation(True, fresh)
@@ -425,22 +284,6 @@ class KVStore(MemoryStore):
         self.metrics.limiter_state_errors.inc()
         return Observation(True, False)
 
-    def _written(self, key: str, record: Sender, rev: int) -> None:
-        """Our write landed as `rev`: the cache takes it, keeping any later local sighting."""
-        t = self.table
-        i = t.slot(key)
-        local_seen = t.seen[i] if i is not None else 0.0
-        i = t.put(key, record)
-        flags = t.flags[i] & ~(_DIRTY | _LOCAL_NEWER)
-        if local_seen > record.seen:
-            t.seen[i] = local_seen
-            if self.refresh_seen:
-                flags |= _LOCAL_NEWER
-        t.flags[i] = flags
-        self.rev[i] = rev
-        self.kv_seen[i] = record.seen
-        self._dirty.discard(key)
-
     # -- write-backs: seen refreshes, advisory marks, decisions made while degraded
     async def _push(self, key: str, change: Callable[[Sender], Sender] | None = None) -> bool:
         """Write this process's view of `key` (changed by `change`) with compare-and-set."""
@@ -448,7 +291,7 @@ class KVStore(MemoryStore):
             current, rev = self._cached(key)
             if current is None:
                 return False
-            if change is None and not current.flags & (_DIRTY | _LOCAL_NEWER):
+            if change is None and not current.flags & (DIRTY | LOCAL_NEWER):
                 return True  # nothing the KV does not know
             record = change(current) if change else current
             try:
@@ -476,7 +319,7 @@ class KVStore(MemoryStore):
         cutoff = now - self.refresh_after
         for n, key in enumerate(t.keys()):
             i = t.slot(key)
-            if i is not None and t.flags[i] & _LOCAL_NEWER and self.kv_seen[i] <= cutoff:
+            if i is not None and t.flags[i] & LOCAL_NEWER and self.kv_seen[i] <= cutoff:
                 due.append(key)
             if n % 5000 == 4999:
                 await asyncio.sleep(0)
@@ -503,7 +346,7 @@ class KVStore(MemoryStore):
                     if self.refresh_seen:
                         await self._flush(await self._due_refreshes(now))
                     await self.scrub(now)
-            except Exception:
+            except Exception:  # the store's only task outlives a bug in one pass (logged with its traceback)
                 log.exception("KV state store maintenance failed")
 
     async def _recover(self) -> None:
@@ -527,7 +370,9 @@ class KVStore(MemoryStore):
                 else:
                     await self._watch(self._last_seq + 1)
                 self.degraded = False
-        except Exception as err:
+        except UNREACHABLE as err:
+            if not unreachable(err):
+                raise
             log.debug("KV state store still unavailable: %s", err)
             return
         log.info(
@@ -535,44 +380,25 @@ class KVStore(MemoryStore):
         )
         await self._flush(sorted(self._dirty | self._urgent))
 
-    def _rewrite_all(self) -> None:
-        """The bucket lost its history: every cached sender is a decision to write back, against
-        the new bucket's revisions (none yet)."""
-        t = self.table
-        for i in t.index.values():
-            self.rev[i] = 0
-            t.flags[i] |= _DIRTY
-        self._dirty = set(t.index)
-
-    async def scrub(self, now: float) -> int:
-        removed = await super().scrub(now)
-        if removed:
-            self._dirty.intersection_update(self.table.index)
-            self._urgent.intersection_update(self.table.index)
-        return removed
-
     # -- the advisor's side
     async def refresh(self, key: str) -> Sender | None:
         if not self.degraded:
             try:
                 return (await self._fetch(key))[0]
-            except Exception as err:
+            except UNREACHABLE as err:
                 self._fail(err)
         return self.table.get(key)
 
     async def annotate(self, key: str, *, adv: float | None = None, flags: int | None = None) -> bool:
-        def change(s: Sender) -> Sender:
-            return replace(
-                s,
-                adv=s.adv if adv is None else adv,
-                flags=s.flags if flags is None else (s.flags & ~PERSISTED) | (flags & PERSISTED),
-            )
+        def change(s: Sender) -> Sender:  # not `dataclasses.replace`: a mark per new sender, it costs
+            return Sender(s.first, s.seen, s.copied, s.size, s.adv if adv is None else adv,
+                          s.flags if flags is None else (s.flags & ~PERSISTED) | (flags & PERSISTED), s.src)
 
         if self.degraded:
             return False
         try:
             return await self._push(key, change)
-        except Exception as err:
+        except UNREACHABLE as err:
             self._fail(err)
             return False
 
@@ -585,10 +411,12 @@ class KVStore(MemoryStore):
         try:
             await self._publish(key, b"", {"KV-Operation": "DEL", EXPECT_LAST: str(rev)})
         except _WrongRevision:
-            with contextlib.suppress(Exception):
+            try:
                 await self._fetch(key)
+            except UNREACHABLE as err:
+                self._fail(err)
             return False
-        except Exception as err:
+        except UNREACHABLE as err:
             self._fail(err)
             return False
         self._drop(key)

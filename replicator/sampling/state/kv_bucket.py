@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from nats.js import api
 
 from replicator.sampling.state.records import Sender, decode_key, decode_sender
+from replicator.transport.header_block import HeaderView
 from replicator.transport.jetstream import nothing_sent
 from replicator.transport.kv import find_or_create_bucket
 
@@ -21,6 +22,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DELETE_OPS = ("DEL", "PURGE")
+
+
+def deleted(block: bytes) -> bool:
+    """A KV entry's header block says the key is gone: deleted, purged, or a TTL marker."""
+    if b"KV-Operation" not in block and b"Nats-Marker-Reason" not in block:
+        return False  # the commonest: a compare-and-set header only
+    headers = HeaderView(block)
+    return headers.get("KV-Operation") in DELETE_OPS or headers.get("Nats-Marker-Reason") is not None
 
 
 async def ensure_bucket(js: JetStreamContext, bucket: str, *, ttl: float, description: str) -> api.StreamInfo:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
 
+import msgspec
 import orjson
 
 from replicator.config.model import Profile, TopicConfig
@@ -15,9 +15,9 @@ ANNOUNCED = 0x01
 PERSISTED = 0x0F
 
 
-@dataclass(frozen=True, slots=True)
-class Sender:
-    """One tracked sender. Times are unix seconds; `adv` is the last-seen time a `timeout`
+class Sender(msgspec.Struct, frozen=True):
+    """One tracked sender (a msgspec Struct: built ten times faster than a frozen dataclass, and
+    a cold start builds several per sender). Times are unix seconds; `adv` is the last-seen time a `timeout`
     advisory was sent for (0: not timed out), so it doubles as that episode's identity. `src` is
     the source stream sequence of the message that claimed the last copy (0: unknown): a claim
     is made before the copy lands, so when that same message is delivered again (its copy never
@@ -84,22 +84,39 @@ def decode_key(key: str) -> str:
     return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode("utf-8", "surrogatepass")
 
 
+class _Record(msgspec.Struct):
+    """A sender as the KV and the state file's readers see it: times to the millisecond."""
+
+    first: float
+    seen: float
+    copied: float
+    size: int
+    adv: float
+    flags: int
+    src: int
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Sender)  # straight into a Sender: a cold start reads one per claim and mark
+
+
 def encode_sender(sender: Sender) -> bytes:
-    return orjson.dumps(
-        {
-            "first": round(sender.first, 3),
-            "seen": round(sender.seen, 3),
-            "copied": round(sender.copied, 3),
-            "size": sender.size,
-            "adv": round(sender.adv, 3),
-            "flags": sender.flags & PERSISTED,
-            "src": sender.src,
-        },
-    )
+    return _ENCODER.encode(_Record(round(sender.first, 3), round(sender.seen, 3), round(sender.copied, 3),
+                                   sender.size, round(sender.adv, 3), sender.flags & PERSISTED, sender.src))
 
 
 def decode_sender(data: bytes | None) -> Sender:
     """Raises ValueError (or KeyError/TypeError) for a value this version did not write."""
+    try:
+        sender = _DECODER.decode(data or b"")
+    except msgspec.ValidationError:  # a number written as text, a count as a float: read as before
+        return _decode_leniently(data)
+    if sender.flags & ~PERSISTED:
+        return msgspec.structs.replace(sender, flags=sender.flags & PERSISTED)
+    return sender
+
+
+def _decode_leniently(data: bytes | None) -> Sender:
     doc = orjson.loads(data or b"")
     return Sender(
         first=float(doc["first"]),
