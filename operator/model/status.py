@@ -128,11 +128,22 @@ def _cond(kind: str, ok: bool, reason: str, message: str, generation: int | None
     return cond
 
 
+# Problems that are a planned step, not a fault: Progressing (and kstatus Reconciling), never Degraded.
+WAITING = frozenset({POOL_HANDOVER})
+
+
 def conditions_for(
     problems: Sequence[Problem], rollout: Rollout, generation: int | None
 ) -> list[dict[str, Any]]:
     """Ready, Progressing and Degraded, without transition times (see `merge_conditions`)."""
     pods = f"{rollout.ready}/{rollout.desired} pods ready"
+    if problems and all(p.reason in WAITING for p in problems):
+        reason, message = problems[0].reason, "; ".join(p.message for p in problems)
+        return [
+            _cond(READY, False, reason, message, generation),
+            _cond(PROGRESSING, True, reason, message, generation),
+            _cond(DEGRADED, False, HEALTHY, "no problems found", generation),
+        ]
     if problems:
         reason = problems[0].reason
         message = "; ".join(p.message for p in problems)

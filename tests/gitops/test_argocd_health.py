@@ -89,6 +89,8 @@ CASES: list[tuple[str, Callable[[], dict[str, Any]], str, str]] = [
     *[(f"retried-{r}", (lambda r=r: built(((r, f"{r} happened"),))), "Degraded", kstatus.IN_PROGRESS)
       for r in RETRIED_REASONS],
     ("creating", lambda: built(), "Progressing", kstatus.IN_PROGRESS),
+    ("pool-handover", lambda: built(((st.POOL_HANDOVER, "waiting 60 s more for pool 'region''s workers"),)),
+     "Progressing", kstatus.IN_PROGRESS),
     ("rolling-out", lambda: built(dep=deployment(2, updated=1, ready=1), desired=2), "Progressing",
      kstatus.IN_PROGRESS),
     ("pods-not-ready", lambda: built(dep=deployment(1, updated=1, ready=0)), "Progressing", kstatus.IN_PROGRESS),

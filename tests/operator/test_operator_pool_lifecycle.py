@@ -79,7 +79,7 @@ async def test_a_pools_objects_follow_its_members(api: Api, cluster: ClusterEmul
     # the pool's workers have had the grace period (FAST: 2 s) to stop copying it.
     await api.patch(naming.STREAM_REPLICATION, NS, "b", {"spec": {"pool": None}})
     assert await wait_for(lambda: profiles(api) == ["a"], within=10), profiles(api)
-    handover = await wait_for(lambda: (c := condition(api, "b", "Degraded")) and c["reason"] == "PoolHandover" and c,
+    handover = await wait_for(lambda: (c := condition(api, "b", "Progressing")) and c["reason"] == "PoolHandover" and c,
                               within=10)
     assert "pool 'region'" in handover["message"] and "own worker Deployment" in handover["message"]
     assert api.get(naming.DEPLOYMENT, NS, "b") is None
@@ -133,8 +133,8 @@ async def test_members_naming_a_shared_connection_share_a_pool_and_follow_its_ed
     assert await wait_for(lambda: source_urls() == {"a": target_server.url, "b": target_server.url}, within=10), \
         source_urls()
     for name in ("a", "b"):  # neither is refused by the other's pass (an unresolved spec would be InvalidSpec)
-        assert await wait_for(lambda n=name: condition(api, n, "Degraded").get("reason") not in (None, "InvalidSpec"),
-                              within=10), condition(api, name, "Degraded")
+        assert await wait_for(lambda n=name: condition(api, n, "Stalled") is not None, within=10)
+        assert (condition(api, name, "Stalled") or {}).get("status") == "False", condition(api, name, "Stalled")
     settled = [api.get(naming.STREAM_REPLICATION, NS, name)["metadata"]["resourceVersion"] for name in ("a", "b")]
     await asyncio.sleep(3)  # and no pass keeps nudging the other
     assert [api.get(naming.STREAM_REPLICATION, NS, name)["metadata"]["resourceVersion"] for name in ("a", "b")] == \
