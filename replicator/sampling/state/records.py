@@ -15,7 +15,8 @@ ANNOUNCED = 0x01
 PERSISTED = 0x0F
 
 
-class Sender(msgspec.Struct, frozen=True):
+# The compiled build type-checks without site-packages (setup.py): msgspec is unknown there.
+class Sender(msgspec.Struct, frozen=True):  # type: ignore[call-arg, unused-ignore]
     """One tracked sender (a msgspec Struct: built ten times faster than a frozen dataclass, and
     a cold start builds several per sender). Times are unix seconds; `adv` is the last-seen time a `timeout`
     advisory was sent for (0: not timed out), so it doubles as that episode's identity. `src` is
