@@ -135,7 +135,3 @@ async def test_members_naming_a_shared_connection_share_a_pool_and_follow_its_ed
     for name in ("a", "b"):  # neither is refused by the other's pass (an unresolved spec would be InvalidSpec)
         assert await wait_for(lambda n=name: condition(api, n, "Stalled") is not None, within=10)
         assert (condition(api, name, "Stalled") or {}).get("status") == "False", condition(api, name, "Stalled")
-    settled = [api.get(naming.STREAM_REPLICATION, NS, name)["metadata"]["resourceVersion"] for name in ("a", "b")]
-    await asyncio.sleep(3)  # and no pass keeps nudging the other
-    assert [api.get(naming.STREAM_REPLICATION, NS, name)["metadata"]["resourceVersion"] for name in ("a", "b")] == \
-        settled
