@@ -17,7 +17,14 @@ from replication_operator.model.spec import parse_spec
 from replicator.demo.local_nats import LocalNatsServer
 from replicator.fleet_health.connection import NatsConnection
 from tests.fleet_health.helpers import (
-    EXPECTED_FLEET, MESSAGES, NOW, fill_advisories, fleet_resource, read_summary, run_cli)
+    EXPECTED_FLEET,
+    MESSAGES,
+    NOW,
+    fill_advisories,
+    fleet_resource,
+    read_summary,
+    run_cli,
+)
 
 pytestmark = pytest.mark.spark
 
