@@ -77,32 +77,39 @@ def schema() -> dict[str, Any]:
             "x-kubernetes-validations": ROOT_RULES, "properties": root["properties"]}
 
 
-def crd() -> dict[str, Any]:
+def _definition(kind: str, plural: str, names: dict[str, list[str]], subresources: dict[str, Any],
+                columns: list[dict[str, Any]], openapi: dict[str, Any]) -> dict[str, Any]:
+    """One namespaced CRD of the group, served and stored at its single version."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{naming.PLURAL}.{naming.GROUP}",
+            "name": f"{plural}.{naming.GROUP}",
             "labels": {naming.LABEL_NAME: naming.APP_NAME, naming.LABEL_COMPONENT: "crd"},
         },
         "spec": {
             "group": naming.GROUP,
             "scope": "Namespaced",
-            "names": {"kind": naming.KIND, "listKind": f"{naming.KIND}List", "plural": naming.PLURAL,
-                      "singular": naming.KIND.lower(), "shortNames": ["srep"],
-                      "categories": ["all", "streamreplicator"]},
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
+                      **names},
             "versions": [{
                 "name": naming.VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas",
-                                                          "statusReplicasPath": ".status.replicas",
-                                                          "labelSelectorPath": ".status.selector"}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": schema()},
+                "subresources": subresources,
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": openapi},
             }],
         },
     }
+
+
+def crd() -> dict[str, Any]:
+    scale = {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+             "labelSelectorPath": ".status.selector"}
+    return _definition(naming.KIND, naming.PLURAL,
+                       {"shortNames": ["srep"], "categories": ["all", "streamreplicator"]},
+                       {"status": {}, "scale": scale}, PRINTER_COLUMNS, schema())
 
 
 CONNECTION_DESCRIPTION = (
@@ -122,30 +129,11 @@ CONNECTION_COLUMNS = [
 def connection_crd() -> dict[str, Any]:
     """The NatsConnection CRD: its spec is the side models' connection (model/connection.py)."""
     root = structural(NatsConnection)
-    kind, plural = naming.CONNECTION_KIND, naming.CONNECTION_PLURAL
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": f"{plural}.{naming.GROUP}",
-            "labels": {naming.LABEL_NAME: naming.APP_NAME, naming.LABEL_COMPONENT: "crd"},
-        },
-        "spec": {
-            "group": naming.GROUP,
-            "scope": "Namespaced",
-            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
-                      "shortNames": ["natsconn"], "categories": ["streamreplicator"]},
-            "versions": [{
-                "name": naming.VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": CONNECTION_COLUMNS,
-                "schema": {"openAPIV3Schema": {"type": "object", "description": CONNECTION_DESCRIPTION,
-                                               "required": root["required"], "properties": root["properties"]}},
-            }],
-        },
-    }
+    openapi = {"type": "object", "description": CONNECTION_DESCRIPTION, "required": root["required"],
+               "properties": root["properties"]}
+    return _definition(naming.CONNECTION_KIND, naming.CONNECTION_PLURAL,
+                       {"shortNames": ["natsconn"], "categories": ["streamreplicator"]},
+                       {"status": {}}, CONNECTION_COLUMNS, openapi)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -11,13 +11,15 @@ private temporary directory removed right after loading.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import nats
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from replication_operator.model.connection_fields import Connection
 
 from replicator.config import redact_url
@@ -133,6 +135,16 @@ async def connect(url: str, auth: Auth, time_limit: float) -> Client:
         return await asyncio.wait_for(nats.connect(**options), time_limit)
     except CONNECT_FAILURES as err:
         raise NatsStatusError(f"cannot connect to {redact_url(url)}: {describe(err)}") from None
+
+
+@contextlib.asynccontextmanager
+async def jetstream_on(url: str, auth: Auth, time_limit: float) -> AsyncIterator[JetStreamContext]:
+    """JetStream on `url` for one probe, its connection closed on leaving whatever happened."""
+    nc = await connect(url, auth, time_limit)
+    try:
+        yield nc.jetstream(timeout=time_limit)
+    finally:
+        await nc.close()
 
 
 def describe(err: BaseException) -> str:

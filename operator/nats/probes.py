@@ -13,7 +13,7 @@ from typing import Any
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from replication_operator.model.spec import ReplicationSpec
-from replication_operator.nats.connection import Auth, NatsStatusError, connect, describe
+from replication_operator.nats.connection import Auth, NatsStatusError, connect, describe, jetstream_on
 
 from replicator.copier.loops import loop_notes
 from replicator.copier.loss import LOSS_NOTE, Note
@@ -114,13 +114,10 @@ def fleet_fields(raw: bytes) -> dict[str, Any]:
 
 
 async def read_consumer(spec: ReplicationSpec, auth: Auth, time_limit: float) -> dict[str, Any]:
-    nc = await connect(spec.source.url, auth, time_limit)
-    try:
-        js = nc.jetstream(timeout=time_limit)
+    async with jetstream_on(spec.source.url, auth, time_limit) as js:
         stream = spec.source.stream
         try:
-            if not stream:
-                stream = await js.find_stream_name_by_subject(spec.topic)
+            stream = stream or await js.find_stream_name_by_subject(spec.topic)
             info = await js.consumer_info(stream, spec.consumer_name, timeout=time_limit)
         except NotFoundError:
             where = f"stream {stream}" if stream else f"a stream for {spec.topic}"
@@ -130,8 +127,6 @@ async def read_consumer(spec: ReplicationSpec, auth: Auth, time_limit: float) ->
         except NATS_ERRORS as err:
             raise NatsStatusError(f"cannot read consumer {spec.consumer_name}: {describe(err)}") from None
         return consumer_fields(info)
-    finally:
-        await nc.close()
 
 
 async def read_fleet(spec: ReplicationSpec, auth: Auth, time_limit: float) -> FleetSummary:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from nats.aio.client import Client
 
+from replicator.fleet_health.cli import add_arguments, run_from_args
 from replicator.fleet_health.connection import NatsConnection, connect
 from replicator.fleet_health.jetstream import Columns, RangeReader
 from replicator.fleet_health.summary import DEFAULT_BUCKET, SUMMARY_KEY
@@ -232,3 +236,27 @@ async def read_all(nc: Client, stream: str, start: int, end: int, *, batch: int 
             result.headers += chunk.headers
             result.data += chunk.data
     return result
+
+
+def run_cli(arguments: list[str]) -> tuple[int, str, str]:
+    """The fleet-health command line in-process: its exit status, stdout and stderr."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = run_from_args(parser.parse_args(arguments))
+    return status, out.getvalue(), err.getvalue()
+
+
+def fleet_resource(target: dict[str, Any], stream: str, output: str) -> dict[str, Any]:
+    """A StreamReplication with fleet health on `stream`, its target as given."""
+    return {
+        "metadata": {"name": "fleet", "namespace": "replication"},
+        "spec": {
+            "topic": "acme.cmdb",
+            "source": {"url": "nats://source.example.net:4222"},
+            "target": target,
+            "advisory": {"subject": SUBJECT},
+            "fleetHealth": {"stream": stream, "output": output, "executor": {"instances": 1, "cores": 2}},
+        },
+    }

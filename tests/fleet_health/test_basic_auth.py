@@ -6,12 +6,8 @@ output; unusable files and flags end the run at start with exit status 2."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import io
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -19,9 +15,16 @@ from replication_operator.build.spark_application import BASIC_AUTH_DIR, build_s
 from replication_operator.model.spec import parse_spec
 
 from replicator.demo.local_nats import LocalNatsServer
-from replicator.fleet_health.cli import add_arguments, run_from_args
 from replicator.fleet_health.connection import NatsConnection
-from tests.fleet_health.helpers import EXPECTED_FLEET, MESSAGES, NOW, fill_advisories, read_summary
+from tests.fleet_health.helpers import (
+    EXPECTED_FLEET,
+    MESSAGES,
+    NOW,
+    fill_advisories,
+    fleet_resource,
+    read_summary,
+    run_cli,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -29,27 +32,9 @@ STREAM = "ADVISORIES"
 USER, PASSWORD = "fleet-health", "fh-p@ss/w#rd:%-Zk4"  # no percent-encoding in a file
 
 
-def _cli(arguments: list[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = run_from_args(parser.parse_args(arguments))
-    return status, out.getvalue(), err.getvalue()
-
-
 def _job_arguments(url: str, output: Path, mount: Path) -> list[str]:
     """The operator's arguments for a target with a basic-auth Secret, the mount moved to `mount`."""
-    resource: dict[str, Any] = {
-        "metadata": {"name": "fleet", "namespace": "replication"},
-        "spec": {
-            "topic": "acme.cmdb",
-            "source": {"url": "nats://source.example.net:4222"},
-            "target": {"url": url, "basicAuthSecret": {"name": "fleet-login"}},
-            "advisory": {"subject": "sr.advisory.cmdb"},
-            "fleetHealth": {"stream": STREAM, "output": str(output), "executor": {"instances": 1, "cores": 2}},
-        },
-    }
+    resource = fleet_resource({"url": url, "basicAuthSecret": {"name": "fleet-login"}}, STREAM, str(output))
     app = build_scheduled_spark_application(parse_spec(resource))
     for role in ("driver", "executor"):
         assert app["spec"]["template"][role]["secrets"] == [
@@ -71,7 +56,7 @@ def test_the_job_reads_user_and_password_files(spark: SparkSession, tmp_path: Pa
 
         asyncio.run(fill_advisories(connection, STREAM))
         output = tmp_path / "out"
-        status, out, err = _cli([*_job_arguments(server.url, output, mount), "--now", str(NOW),
+        status, out, err = run_cli([*_job_arguments(server.url, output, mount), "--now", str(NOW),
                                  "--master", "local[2]", "--kv-bucket", "FH_BASIC"])
         assert status == 0, err
         assert PASSWORD not in out + err
@@ -83,7 +68,7 @@ def test_the_job_reads_user_and_password_files(spark: SparkSession, tmp_path: Pa
               .option("partitions", "2").load())
         assert df.count() == len(MESSAGES)
 
-        status, _, err = _cli(["--url", server.url, "--stream", STREAM, "--output", str(tmp_path / "refused"),
+        status, _, err = run_cli(["--url", server.url, "--stream", STREAM, "--output", str(tmp_path / "refused"),
                                "--user-file", str(mount / "username"), "--password-file", str(mount / "username")])
         assert status == 1 and "refused the credentials" in err and PASSWORD not in err, err
         assert not (tmp_path / "refused").exists()
@@ -106,5 +91,5 @@ def test_unusable_arguments_exit_2(tmp_path: Path, extra: list[str], message: st
     (tmp_path / "username").write_text(USER)
     arguments = ["--url", "nats://127.0.0.1:1", "--stream", STREAM, "--output", str(tmp_path / "out"),
                  *(a.format(mount=tmp_path) for a in extra)]
-    status, _, err = _cli(arguments)
+    status, _, err = run_cli(arguments)
     assert status == 2 and message.format(mount=tmp_path) in err, err

@@ -5,12 +5,8 @@ requires that token. The token is in no argument, URL or output; bad flags exit 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import io
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -19,9 +15,16 @@ from replication_operator.model.connection import NatsConnectionSpec, resolved
 from replication_operator.model.spec import parse_spec
 
 from replicator.demo.local_nats import LocalNatsServer
-from replicator.fleet_health.cli import add_arguments, run_from_args
 from replicator.fleet_health.connection import NatsConnection
-from tests.fleet_health.helpers import EXPECTED_FLEET, MESSAGES, NOW, fill_advisories, read_summary
+from tests.fleet_health.helpers import (
+    EXPECTED_FLEET,
+    MESSAGES,
+    NOW,
+    fill_advisories,
+    fleet_resource,
+    read_summary,
+    run_cli,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -29,28 +32,10 @@ STREAM = "ADVISORIES"
 TOKEN = "fh-token-Qz7-never-shown"
 
 
-def _cli(arguments: list[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = run_from_args(parser.parse_args(arguments))
-    return status, out.getvalue(), err.getvalue()
-
-
 def _job_arguments(url: str, output: Path, mount: Path) -> list[str]:
     """The operator's arguments for a target named by a NatsConnection with a tokenSecret, the mount
     moved to `mount`."""
-    resource: dict[str, Any] = {
-        "metadata": {"name": "fleet", "namespace": "replication"},
-        "spec": {
-            "topic": "acme.cmdb",
-            "source": {"url": "nats://source.example.net:4222"},
-            "target": {"connectionRef": {"name": "central"}},
-            "advisory": {"subject": "sr.advisory.cmdb"},
-            "fleetHealth": {"stream": STREAM, "output": str(output), "executor": {"instances": 1, "cores": 2}},
-        },
-    }
+    resource = fleet_resource({"connectionRef": {"name": "central"}}, STREAM, str(output))
     central = NatsConnectionSpec.model_validate({"url": url, "tokenSecret": {"name": "fleet-token"}})
     app = build_scheduled_spark_application(resolved(parse_spec(resource), {"central": central}))
     for role in ("driver", "executor"):
@@ -72,7 +57,7 @@ def test_the_job_reads_a_token_file(spark: SparkSession, tmp_path: Path) -> None
         output = tmp_path / "out"
         arguments = _job_arguments(server.url, output, mount)
         assert TOKEN not in " ".join(arguments)
-        status, out, err = _cli([*arguments, "--now", str(NOW), "--master", "local[2]", "--kv-bucket", "FH_TOKEN"])
+        status, out, err = run_cli([*arguments, "--now", str(NOW), "--master", "local[2]", "--kv-bucket", "FH_TOKEN"])
         assert status == 0, err
         assert TOKEN not in out + err
         summary = asyncio.run(read_summary(connection, "FH_TOKEN"))
@@ -83,7 +68,7 @@ def test_the_job_reads_a_token_file(spark: SparkSession, tmp_path: Path) -> None
         assert df.count() == len(MESSAGES)
 
         (tmp_path / "wrong").write_text("not-the-token")
-        status, _, err = _cli(["--url", server.url, "--stream", STREAM, "--output", str(tmp_path / "refused"),
+        status, _, err = run_cli(["--url", server.url, "--stream", STREAM, "--output", str(tmp_path / "refused"),
                                "--token-file", str(tmp_path / "wrong")])
         assert status == 1 and "not-the-token" not in err and TOKEN not in err, err
         assert not (tmp_path / "refused").exists()
@@ -100,6 +85,6 @@ def test_unusable_token_arguments_exit_2(tmp_path: Path, extra: list[str], messa
     (tmp_path / "token").write_text(TOKEN)
     arguments = ["--url", "nats://127.0.0.1:1", "--stream", STREAM, "--output", str(tmp_path / "out"),
                  *(a.format(mount=tmp_path) for a in extra)]
-    status, _, err = _cli(arguments)
+    status, _, err = run_cli(arguments)
     assert status == 2 and message.format(mount=tmp_path) in err, err
     assert TOKEN not in err

@@ -22,6 +22,7 @@ from replication_operator.model import naming
 from replicator.demo.local_nats import free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
+from tests.support.background import BackgroundLoop
 from tests.support.kube_emulator import FOREGROUND
 
 
@@ -87,7 +88,7 @@ def secrets_of(api: Api, deployment: dict[str, Any], namespace: str) -> dict[str
     return found
 
 
-class Kubelet:
+class Kubelet(BackgroundLoop):
     """One pod for one Deployment, kept in step with the emulator's objects: started when the
     Deployment appears, restarted when its config hash changes, stopped when it is deleted; a
     foreground deletion is released (as the garbage collector would) only once the pod is gone."""
@@ -98,17 +99,9 @@ class Kubelet:
         self.config_hash: str | None = None
         self.starts = 0
         self.exit_codes: list[int] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Kubelet:
-        self._task = asyncio.create_task(self._loop())
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await self._halt()
         await self._stop()
 
     def log(self) -> str:

@@ -8,7 +8,6 @@ process left running. The pod's monitor port is fixed for its life, as a contain
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -24,11 +23,12 @@ from replicator.demo.local_nats import free_port
 from tests.operator import helpers as h
 from tests.operator.helpers import Api
 from tests.operator.pods import secrets_of, stop
+from tests.support.background import BackgroundLoop
 from tests.support.kube_emulator import FOREGROUND
 from tests.support.secret_volume import SecretVolume
 
 
-class PoolKubelet:
+class PoolKubelet(BackgroundLoop):
     def __init__(self, api: Api, namespace: str, pool: str, root: Path) -> None:
         self.api, self.namespace, self.root = api, namespace, root
         self.base = naming.pool_base(pool)
@@ -39,17 +39,9 @@ class PoolKubelet:
         self.port = 0
         self.starts = 0  # pods started
         self.syncs = 0  # ConfigMap updates delivered into a running pod
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> PoolKubelet:
-        self._task = asyncio.create_task(self._loop())
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await self._halt()
         if self.proc is not None:
             await asyncio.to_thread(stop, self.proc)
 

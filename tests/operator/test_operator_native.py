@@ -269,6 +269,16 @@ class Publisher:
         return self.count
 
 
+async def publishing(leaf_nc: Client, body: dict[str, Any], stream: str, prefix: str) -> Publisher:
+    """Point `body` at a new leaf stream `stream` of `prefix`.> and start publishing to it."""
+    await leaf_nc.jetstream().add_stream(name=stream, subjects=[f"{prefix}.>"])
+    body["spec"].update(topic=f"{prefix}.>")
+    body["spec"]["source"]["stream"] = stream
+    publisher = Publisher(leaf_nc, prefix)
+    publisher.start()
+    return publisher
+
+
 @pytest.mark.slow
 async def test_engine_switches_lose_and_repeat_nothing(
     api: Api, cluster: ClusterEmulator, operator: Reconciler, sites: tuple[LocalNatsServer, LocalNatsServer],
@@ -279,13 +289,9 @@ async def test_engine_switches_lose_and_repeat_nothing(
     leaf, hub = sites
     leaf_nc, hub_nc = site_ncs
     cluster.hold_foreground = True  # the Deployment goes only once the kubelet below stopped its pod
-    await leaf_nc.jetstream().add_stream(name="SWITCH", subjects=["switch.>"])
     name = "switching"
     body = resource(name, leaf, hub, engine="replicator", target={"stream": "SWITCH_HUB"})
-    body["spec"].update(topic="switch.>")
-    body["spec"]["source"]["stream"] = "SWITCH"
-    publisher = Publisher(leaf_nc, "switch")
-    publisher.start()
+    publisher = await publishing(leaf_nc, body, "SWITCH", "switch")
 
     async def landed() -> list[int]:
         try:

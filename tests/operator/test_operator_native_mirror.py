@@ -27,6 +27,7 @@ from tests.operator.test_operator_native import (  # noqa: F401  (fixtures)
     api_call,
     condition,
     publish,
+    publishing,
     resource,
     site_ncs,
     sites,
@@ -120,13 +121,9 @@ async def test_promotion_to_the_replicator_loses_and_repeats_nothing(
     leaf, hub = sites
     leaf_nc, hub_nc = site_ncs
     cluster.hold_foreground = True
-    await leaf_nc.jetstream().add_stream(name="PROMO", subjects=["promo.>"])
     name = "promoted"
     body = resource(name, leaf, hub, engine="native", target={"stream": "PROMO_HUB"})
-    body["spec"].update(topic="promo.>")
-    body["spec"]["source"]["stream"] = "PROMO"
-    publisher = Publisher(leaf_nc, "promo")
-    publisher.start()
+    publisher = await publishing(leaf_nc, body, "PROMO", "promo")
 
     async def landed() -> list[Message]:
         try:

@@ -122,29 +122,19 @@ def test_transition_time_moves_only_on_a_flip() -> None:
     assert flipped["Degraded"] == "2026-01-01T12:00:00Z"
 
 
+def _orders(old_status: dict[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
+    """The status of a healthy `orders` at generation 4, both of its 2 replicas ready."""
+    return st.build_status(name="orders", generation=4, problems=[], deployment=_deployment(), desired_replicas=2,
+                           old_status=old_status, now=now)
+
+
 def test_build_status_and_patch() -> None:
-    status = st.build_status(
-        name="orders",
-        generation=4,
-        problems=[],
-        deployment=_deployment(),
-        desired_replicas=2,
-        old_status=None,
-        now=T0,
-    )
+    status = _orders(None, T0)
     assert status["observedGeneration"] == 4
     assert (status["replicas"], status["readyReplicas"]) == (2, 2)
     assert status["selector"] == "app.kubernetes.io/instance=orders,app.kubernetes.io/name=stream-replicator"
     assert all(c["observedGeneration"] == 4 for c in status["conditions"])
-    again = st.build_status(
-        name="orders",
-        generation=4,
-        problems=[],
-        deployment=_deployment(),
-        desired_replicas=2,
-        old_status=status,
-        now=T1,
-    )
+    again = _orders(status, T1)
     assert st.status_patch(status, again) == {}
     assert st.status_patch({**status, "lag": 5}, {"lag": 7}) == {"lag": 7}
 

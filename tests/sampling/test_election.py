@@ -35,6 +35,17 @@ class Timeline:
             self.samples += 1
             await asyncio.sleep(0.005)
 
+    @contextlib.asynccontextmanager
+    async def sampling(self, elections: list[LeaderElection]) -> AsyncIterator[None]:
+        """`sample` for as long as the block runs; what it found is raised on leaving the block."""
+        stop = asyncio.Event()
+        sampler = asyncio.ensure_future(self.sample(elections, stop))
+        try:
+            yield
+        finally:
+            stop.set()
+        await sampler
+
     def assert_never_two_leaders(self) -> None:
         leading: set[str] = set()
         for _, who, leader in sorted(self.events):
@@ -138,10 +149,8 @@ async def test_crashed_leader_is_replaced_within_two_ttls(source_server: LocalNa
 async def test_a_cut_off_leader_steps_down_before_takeover(source_server: LocalNatsServer) -> None:
     """The leader's connection dies (a partition): it must give up *before* the key expires."""
     timeline = Timeline()
-    stop = asyncio.Event()
     async with candidates(source_server.url, 2, timeline=timeline) as (ncs, elections):
-        sampler = asyncio.ensure_future(timeline.sample(elections, stop))
-        try:
+        async with timeline.sampling(elections):
             await elections[0].start()
             await elections[0].wait_leader()
             await elections[1].start()
@@ -158,19 +167,13 @@ async def test_a_cut_off_leader_steps_down_before_takeover(source_server: LocalN
             timeline.assert_never_two_leaders()
             kinds = [(who, leader) for _, who, leader in sorted(timeline.events)]
             assert kinds == [("pod-0", True), ("pod-0", False), ("pod-1", True)]
-            stop.set()
-            await sampler
-            assert timeline.samples > 100
-        finally:
-            stop.set()
+        assert timeline.samples > 100
 
 
 async def test_many_candidates_churning_never_overlap(source_server: LocalNatsServer) -> None:
     timeline = Timeline()
-    stop = asyncio.Event()
     async with candidates(source_server.url, 4, timeline=timeline) as (_, elections):
-        sampler = asyncio.ensure_future(timeline.sample(elections, stop))
-        try:
+        async with timeline.sampling(elections):
             for e in elections:
                 await e.start()
             for _ in range(3):  # the current leader leaves cleanly, then comes back as a candidate
@@ -181,10 +184,6 @@ async def test_many_candidates_churning_never_overlap(source_server: LocalNatsSe
                 await leader.start()
             await asyncio.sleep(0.05)
             timeline.assert_never_two_leaders()
-            stop.set()
-            await sampler
-        finally:
-            stop.set()
 
 
 async def test_bucket_and_key_naming(source_nc: Client) -> None:

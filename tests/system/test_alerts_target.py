@@ -5,6 +5,8 @@ Prometheus's alerts API, and resolving once the fault is gone: a worker that can
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
@@ -15,6 +17,7 @@ from tests.support.system.installed import System, installed, monitoring_values
 from tests.support.system.scenario import NS, add_stream, replication, trickle
 
 NAME = "replication_cmdb"  # the worker's `name` label: <namespace>_<resource>
+SUBJECTS = ("acme.cmdb.a", "acme.cmdb.b")  # what the trickle publishes to
 
 
 async def _state(system: System, alert: str, state: str, within: float) -> None:
@@ -29,15 +32,23 @@ async def _ready(system: System) -> None:
                        "the worker scraped")
 
 
+@contextlib.asynccontextmanager
+async def _replicating(tmp_path: Path, source: str, target: str, subjects: tuple[str, ...] = SUBJECTS,
+                       per_second: float = 20) -> AsyncIterator[System]:
+    """The chart installed with monitoring, `cmdb` copying CMDB in ordered mode and Ready, while a
+    trickle publishes to `subjects`."""
+    async with installed(tmp_path, monitoring_values(), [NS]) as system, \
+            trickle(source, list(subjects), per_second=per_second):
+        await system.cluster.apply(replication("cmdb", source, target, "CMDB", "acme.cmdb.>", mode="ordered"))
+        await _ready(system)
+        yield system
+
+
 async def test_a_worker_that_cannot_reach_its_target_fires_not_ready_and_it_resolves(
     tmp_path: Path, source_server: LocalNatsServer, target_server: LocalNatsServer
 ) -> None:
     await add_stream(source_server.url, "CMDB", ["acme.cmdb.>"])
-    async with installed(tmp_path, monitoring_values(), [NS]) as system, \
-            trickle(source_server.url, ["acme.cmdb.a", "acme.cmdb.b"], per_second=20):
-        await system.cluster.apply(replication("cmdb", source_server.url, target_server.url, "CMDB", "acme.cmdb.>",
-                                               mode="ordered"))
-        await _ready(system)
+    async with _replicating(tmp_path, source_server.url, target_server.url) as system:
         await asyncio.sleep(5)
         assert seams.active_alerts(system) == []
 
@@ -58,11 +69,7 @@ async def test_target_down_fires_lag_growing_and_stuck(
     tmp_path: Path, source_server: LocalNatsServer, target_server: LocalNatsServer
 ) -> None:
     await add_stream(source_server.url, "CMDB", ["acme.cmdb.>"])
-    async with installed(tmp_path, monitoring_values(), [NS]) as system, \
-            trickle(source_server.url, ["acme.cmdb.a", "acme.cmdb.b"], per_second=20):
-        await system.cluster.apply(replication("cmdb", source_server.url, target_server.url, "CMDB", "acme.cmdb.>",
-                                               mode="ordered"))
-        await _ready(system)
+    async with _replicating(tmp_path, source_server.url, target_server.url) as system:
         await asyncio.to_thread(target_server.stop)
         # 20 messages a second: past lagMinMessages (20) at once, growing over the 20 s window.
         for alert in ("StreamReplicatorLagGrowing", "StreamReplicatorStuck"):
@@ -78,11 +85,7 @@ async def test_a_poison_message_fires_and_resolves(
     await add_stream(source_server.url, "CMDB", ["acme.cmdb.>"])
     # The target refuses messages over 1 KiB for good (JetStream error 10054): poison.
     await add_stream(target_server.url, "CMDB_COPY", ["acme.cmdb.>"], max_msg_size=1024)
-    async with installed(tmp_path, monitoring_values(), [NS]) as system, \
-            trickle(source_server.url, ["acme.cmdb.a"], per_second=5):
-        await system.cluster.apply(replication("cmdb", source_server.url, target_server.url, "CMDB", "acme.cmdb.>",
-                                               mode="ordered"))
-        await _ready(system)
+    async with _replicating(tmp_path, source_server.url, target_server.url, ("acme.cmdb.a",), 5) as system:
         await asyncio.sleep(5)
         assert seams.active_alerts(system) == []
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import json
 import re
@@ -31,6 +30,7 @@ from typing import Any
 import yaml
 
 from replicator.demo.local_nats import free_port
+from tests.support.background import BackgroundLoop
 from tests.support.secret_volume import SecretVolume
 from tests.support.system.cluster import SystemCluster
 from tests.support.system.processes import Process, argv_of, container_env
@@ -81,23 +81,15 @@ class Workload:
     pods: list[Pod] = field(default_factory=list)
 
 
-class Kubelet:
+class Kubelet(BackgroundLoop):
     def __init__(self, cluster: SystemCluster, root: Path) -> None:
         self.cluster, self.root = cluster, root
         self.workloads: dict[tuple[str, str], Workload] = {}
-        self._task: asyncio.Task[None] | None = None
         self._written: dict[str, Any] = {}
         self.failures: list[str] = []
 
-    async def __aenter__(self) -> Kubelet:
-        self._task = asyncio.create_task(self._loop())
-        return self
-
     async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await self._halt()
         await asyncio.gather(*(asyncio.to_thread(p.process.stop) for w in self.workloads.values() for p in w.pods))
 
     def pods(self, namespace: str, deployment: str) -> list[Pod]:
