@@ -86,7 +86,14 @@ class OrderedCopier:
             self.backoff.reset()
             await self.binding.pull(self.wake)
             ep.ready(True)
-            await self._loop()
+            # Its own task: a recovery holds the loop for tens of seconds while the target is down
+            # (settling, reading what landed, a publish alone), and the gauge must not freeze then.
+            lag_task = asyncio.create_task(self._watch_lag(), name=f"{ep.worker}-lag")
+            try:
+                await self._loop()
+            finally:
+                lag_task.cancel()
+                await asyncio.gather(lag_task, return_exceptions=True)
             await self.recovery.finish()
             await self.stuck.stopped()
         finally:
@@ -136,8 +143,14 @@ class OrderedCopier:
             if now - idle_checks > 1.0:
                 idle_checks = now
                 await recovery.check_stalled(now)
-                await self.lag_watch.check(now, pipeline.committed, bool(pipeline.window or puller.buffer),
-                                           not binding.caught_up)
+
+    async def _watch_lag(self) -> None:
+        binding, pipeline = self.binding, self.pipeline
+        while not self.stopper.stopping:
+            await self.stopper.sleep(1.0)
+            buffered = binding.puller is not None and bool(binding.puller.buffer)
+            await self.lag_watch.check(time.monotonic(), pipeline.committed, bool(pipeline.window) or buffered,
+                                       not binding.caught_up)
 
     @property
     def nothing_to_follow(self) -> bool:
