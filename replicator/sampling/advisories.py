@@ -47,6 +47,7 @@ EVENTS = ("new", "timeout", "recover", "expire")
 RETRIES = 10
 STREAM_RECHECK = 30.0
 PUBLISH_TIMEOUT = 2.0
+JUDGE_WITHIN = 30.0  # at most this long on the stream's time before a blind spot ends (`judge_now`)
 CONCURRENCY = 512  # advisories in flight: a fleet's cold start owes one `new` per sender, each a publish and a
 # KV mark, so eight at a time (two round trips each) left them a minute behind 100,000 copies
 BATCH = 128  # advisories a worker takes from the queue at once, their publishes (then their marks) written together
@@ -154,6 +155,7 @@ class Advisor:
         retry_delay: Callable[[int], float] = default_retry_delay,
         concurrency: int = CONCURRENCY,
         judging: Callable[[], bool] | None = None,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         settings = profile.settings
         if settings.advisory is None or not settings.age:
@@ -166,6 +168,9 @@ class Advisor:
         # The stream clock's word on whether silence can be judged now (`clock.py`): not while a
         # backlog that no message of has been read yet stands between the replicator and the present.
         self.judging = judging
+        # A new leader's wait is wall time (other processes' refreshes travel in it), not the clock
+        # above: on the stream's time a restart's backlog would hold every timeout until it is read.
+        self.wall = wall or clock
         self.subject = settings.advisory.target
         self.format = settings.advisory.format
         self.reliable = settings.advisory.reliable
@@ -219,7 +224,7 @@ class Advisor:
         silent: last-seen refreshes of the other processes must reach its cache first."""
         if active and not self._active:
             self._active = True
-            self._timeouts_from = self.clock() + self.grace
+            self._timeouts_from = self.wall() + self.grace
             self._scan_now.set()
         elif not active and self._active:
             self._active = False
@@ -248,7 +253,7 @@ class Advisor:
         if sender is None:
             return None
         silent = now - sender.seen
-        settled = now >= self._timeouts_from and (self.judging is None or self.judging())
+        settled = self.wall() >= self._timeouts_from and (self.judging is None or self.judging())
         if silent >= self.age:
             return "expire" if settled else None
         if not sender.announced:
@@ -277,6 +282,16 @@ class Advisor:
             if n % 2000 == 1999:
                 await asyncio.sleep(0)
         return found
+
+    async def judge_now(self) -> None:
+        """Advise what every sender is owed at this moment of the clock, and wait (a bounded time)
+        until it is published: the stream clock calls it before it ends a blind spot, so the
+        silences the backlog revealed are advised with a time inside it."""
+        if not self._active:
+            return
+        await self.scan()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.drain(), JUDGE_WITHIN)
 
     async def drain(self) -> None:
         """Wait until everything queued has been published (tests, shutdown)."""

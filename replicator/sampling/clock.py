@@ -10,7 +10,10 @@ backlog is read past it.
 
 Where it fell behind by more than `slack` (from the newest message read while it kept up to the
 moment it caught up again) it was not watching: a *blind spot*, handed to `on_blind_spot` once it
-ends (`blind.py` publishes it as an advisory).
+ends (`blind.py` publishes it as an advisory). Before it ends one, `before_catching_up` (the
+advisor's scan) judges every silence the backlog revealed on the stream's time: a sender silent
+past the age inside the blind spot is advised with a time inside it, whether the advisor's own scan
+or this clock's poll came first.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
 
 from replicator.transport.errors import NATS_ERRORS
 from replicator.transport.tasks import cancel_and_wait
@@ -42,6 +46,7 @@ class StreamClock:
         self.stream = 0.0  # time of the newest message read (unix s)
         self.blind_from = since or 0.0  # a blind spot under way began here (0: none); `since`: a restart's
         self.on_blind_spot: Callable[[float, float], None] | None = None
+        self.before_catching_up: Callable[[], Awaitable[None]] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def now(self) -> float:
@@ -67,16 +72,24 @@ class StreamClock:
         messages pending, and ends when nothing is pending or the messages read are recent again."""
         wall = self.wall()
         self.behind = count > 0
-        late = bool(self.stream) and wall - self.stream > self.slack
-        if self.behind and late:
+        if self._still_blind(count, wall):
             if not self.blind_from:
                 self.blind_from = self.stream  # the newest message read while it still kept up
             return
         if self.behind and not self.known:
             return  # a restart's backlog, not read yet: the blind spot (from `since`) goes on
-        if self.blind_from and wall - self.blind_from > self.slack and self.on_blind_spot is not None:
+        if self._ends_blind_spot(count, wall) and self.on_blind_spot is not None:
             self.on_blind_spot(self.blind_from, wall)
         self.blind_from = 0.0
+
+    def _still_blind(self, count: int, wall: float) -> bool:
+        return count > 0 and bool(self.stream) and wall - self.stream > self.slack
+
+    def _ends_blind_spot(self, count: int, wall: float) -> bool:
+        """`pending(count)` would end a blind spot long enough to tell."""
+        if self._still_blind(count, wall) or (count > 0 and not self.known):
+            return False
+        return bool(self.blind_from) and wall - self.blind_from > self.slack
 
     async def start(self, nc: Client, stream: str, consumer: str) -> None:
         self._task = asyncio.create_task(self._poll(nc, stream, consumer), name="stream-clock")
@@ -90,6 +103,14 @@ class StreamClock:
         js = nc.jetstream(timeout=5)
         while True:
             with contextlib.suppress(*NATS_ERRORS):  # unreadable now: the clock keeps its last state
-                info = await js.consumer_info(stream, consumer)
-                self.pending((info.num_pending or 0) + (info.num_ack_pending or 0))
+                count = await _pending_count(js, stream, consumer)
+                if self.before_catching_up is not None and self._ends_blind_spot(count, self.wall()):
+                    await self.before_catching_up()  # still on the stream's time (see the module)
+                    count = await _pending_count(js, stream, consumer)
+                self.pending(count)
             await asyncio.sleep(POLL)
+
+
+async def _pending_count(js: JetStreamContext, stream: str, consumer: str) -> int:
+    info = await js.consumer_info(stream, consumer)
+    return (info.num_pending or 0) + (info.num_ack_pending or 0)

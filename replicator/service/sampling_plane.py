@@ -76,8 +76,10 @@ class SamplingPlane:
             publish_nc = plane.control if settings.advisory.cluster == "source" else target
             replicator = profile.replicator if settings.advisory.format == "v2" else profile.metrics_name
             plane.advisor = Advisor(profile, plane.store, publish_nc, metrics[0],
-                                    replicator_name=replicator, clock=plane.clock.now, judging=plane.clock.judging)
+                                    replicator_name=replicator, clock=plane.clock.now, judging=plane.clock.judging,
+                                    wall=plane.clock.wall)
             plane.clock.on_blind_spot = BlindSpots(plane.advisor)
+            plane.clock.before_catching_up = plane.advisor.judge_now
             await plane.advisor.start()
         if elect:
             from replicator.sampling.election import LeaderElection, election_bucket, election_key
