@@ -43,7 +43,7 @@ async def advisories_in(nc: Client, stream: str = "ADV") -> list[dict[str, Any]]
 class Rig:
     """One process: memory store, a limiter and an active advisor on a fake clock."""
 
-    def __init__(self, nc: Client, clock: FakeClock, **topic: Any) -> None:
+    def __init__(self, nc: Client, clock: FakeClock, *, wall: FakeClock | None = None, **topic: Any) -> None:
         topic.setdefault("age", 10)
         topic.setdefault("advisory", {"target": SUBJECT, "cluster": "target", "age": 4})
         self.profile = make_profile(**topic)
@@ -52,7 +52,7 @@ class Rig:
         self.store = MemoryStore(self.profile.settings, self.metrics, clock=clock)
         self.limiter = Limiter(self.profile.settings, self.store, self.metrics, clock=clock)
         self.advisor = Advisor(self.profile, self.store, nc, self.metrics, replicator_name="dc1",
-                               clock=clock, retries=2, retry_delay=lambda n: 0.01)
+                               clock=clock, retries=2, retry_delay=lambda n: 0.01, wall=wall)
 
     async def __aenter__(self) -> Rig:
         await self.advisor.start()
@@ -130,6 +130,24 @@ async def test_timeouts_wait_a_resolution_after_becoming_leader(target_nc: Clien
         clock.advance(rig.store.resolution)
         await rig.settle()
         assert [a["event"] for a in await advisories_in(target_nc)] == ["new", "timeout"]
+
+
+async def test_a_restarted_leader_judges_the_backlog_on_the_stream_clock(target_nc: Client, clock: FakeClock) -> None:
+    """Restarted an hour behind: the leader's wait is a resolution of wall time, so a sender silent
+    past the advisory age within the backlog is advised as it is read, stamped with the stream's time,
+    not held until the backlog is read up to the restart."""
+    await target_nc.jetstream().add_stream(name="ADV", subjects=["sr.advisories.>"])
+    backlog = clock.now
+    wall = FakeClock(backlog + 3600)
+    clock.now = wall.now  # nothing of the backlog read yet: the stream clock says the wall's time
+    async with Rig(target_nc, clock, wall=wall) as rig:
+        clock.now = backlog  # its first message read
+        await rig.send("n1")
+        clock.advance(5)  # read on: n1 silent past the advisory age (4 s) in the stream's time
+        wall.advance(rig.store.resolution)
+        await rig.settle()
+        new, timeout = await advisories_in(target_nc)
+        assert (new["event"], timeout["event"], timeout["timestamp"]) == ("new", "timeout", int(backlog + 5))
 
 
 async def test_inactive_advisor_sends_nothing(target_nc: Client, clock: FakeClock) -> None:
