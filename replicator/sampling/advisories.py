@@ -253,9 +253,8 @@ class Advisor:
         if sender is None:
             return None
         silent = now - sender.seen
-        settled = self.wall() >= self._timeouts_from and (self.judging is None or self.judging())
         if silent >= self.age:
-            return "expire" if settled else None
+            return "expire" if self._settled() else None
         if not sender.announced:
             return "new"
         if sender.adv > 0 and sender.seen - sender.adv >= self.grace:
@@ -263,9 +262,13 @@ class Advisor:
             # last-seen time; a difference below the store's resolution is the KV's millisecond
             # rounding of a time this process holds exactly, not a message.
             return "recover"
-        if sender.adv == 0 and self.timeout_age is not None and silent >= self.timeout_age and settled:
+        if sender.adv == 0 and self.timeout_age is not None and silent >= self.timeout_age and self._settled():
             return "timeout"
         return None
+
+    def _settled(self) -> bool:
+        """Silence may be claimed: the leader's wait is over and the stream clock can judge."""
+        return self.wall() >= self._timeouts_from and (self.judging is None or self.judging())
 
     async def scan(self) -> int:
         """One pass over every tracked sender; queues those owed an advisory. Returns how many."""

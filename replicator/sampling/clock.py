@@ -78,18 +78,20 @@ class StreamClock:
             return
         if self.behind and not self.known:
             return  # a restart's backlog, not read yet: the blind spot (from `since`) goes on
-        if self._ends_blind_spot(count, wall) and self.on_blind_spot is not None:
+        if self._long_blind(wall) and self.on_blind_spot is not None:
             self.on_blind_spot(self.blind_from, wall)
         self.blind_from = 0.0
 
     def _still_blind(self, count: int, wall: float) -> bool:
         return count > 0 and bool(self.stream) and wall - self.stream > self.slack
 
-    def _ends_blind_spot(self, count: int, wall: float) -> bool:
-        """`pending(count)` would end a blind spot long enough to tell."""
-        if self._still_blind(count, wall) or (count > 0 and not self.known):
-            return False
+    def _long_blind(self, wall: float) -> bool:
         return bool(self.blind_from) and wall - self.blind_from > self.slack
+
+    def _ends_blind_spot(self, count: int, wall: float) -> bool:
+        """`pending(count)` would end a blind spot long enough to tell (its two early returns not taken)."""
+        unread = count > 0 and not self.known
+        return not self._still_blind(count, wall) and not unread and self._long_blind(wall)
 
     async def start(self, nc: Client, stream: str, consumer: str) -> None:
         self._task = asyncio.create_task(self._poll(nc, stream, consumer), name="stream-clock")
